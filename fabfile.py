@@ -1,0 +1,3 @@
+"""So that ``fab -l`` / ``fab -H host bootstrap`` in a checkout find the project's tasks."""
+
+from provision.tasks import facts, forget_host_key, pick, plan, refresh_compat, repin  # noqa: F401

@@ -1,0 +1,148 @@
+"""SSH connections: bounded, explicit, with our own host-key policy and named failures.
+
+Host keys live in our own known_hosts file (``<state dir>/known_hosts``), never in
+``~/.ssh/known_hosts``. First contact pins the key (trust on first use, announced); later a
+different key stops the run with an explanation and the one command that re-pins. Keys are pinned
+under the inventory entry's name, or under ``[host]:port`` for ad-hoc hosts, so a reused rental
+IP met through a new inventory file is a new pin, and a reused IP:port is caught.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import paramiko
+from fabric import Connection
+from paramiko.hostkeys import HostKeys
+
+from .errors import SSHError
+from .inventory import Target
+from .paths import state_dir
+
+CONNECT_TIMEOUT = 15
+
+AUTH_REFUSED, HOST_KEY_CHANGED, REFUSED = "auth refused", "host key changed", "connection refused"
+TIMEOUT, NOT_RESOLVED, SSH_FAILED = "timeout", "name not resolved", "ssh failed"
+
+
+def known_hosts_path() -> Path:
+    return state_dir() / "known_hosts"
+
+
+class HostKeyChanged(paramiko.SSHException):
+    def __init__(self, name: str, old: paramiko.PKey, new: paramiko.PKey):
+        self.name, self.old, self.new = name, old, new
+        super().__init__(name)
+
+
+class PinningPolicy(paramiko.MissingHostKeyPolicy):
+    """Checks the server's key against our file under ``pin_name``; pins on first use.
+
+    The client is given no host keys of its own, so paramiko always asks this policy.
+    """
+
+    def __init__(self, pin_name: str, path: Path, notify: Callable[[str], None] | None = None,
+                 replace: bool = False):
+        self.pin_name, self.path, self.notify, self.replace = pin_name, path, notify, replace
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        keys = HostKeys()
+        if self.path.exists():
+            keys.load(str(self.path))
+        pinned = keys.lookup(self.pin_name)
+        old = pinned.get(key.get_name()) if pinned else None
+        if old is None and pinned and not self.replace:
+            old = next(iter(pinned.values()))  # pinned with another key type: still a change
+        if old is not None and old == key and not self.replace:
+            return
+        if old is not None and not self.replace:
+            raise HostKeyChanged(self.pin_name, old, key)
+        if self.replace and pinned:
+            del keys[self.pin_name]
+        keys.add(self.pin_name, key.get_name(), key)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        keys.save(str(tmp))
+        os.replace(tmp, self.path)  # atomic: a crash never leaves a half-written file
+        if self.notify:
+            verb = "re-pinned" if self.replace else "pinned on first use"
+            self.notify(f"host key for {self.pin_name} {verb}: {key.get_name()} "
+                        f"SHA256:{key.fingerprint.split(':', 1)[-1]} in {self.path}")
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+def repin_command(target: Target) -> str:
+    host = target.name if target.source else f"{target.user}@{target.host}:{target.port}"
+    return f"gpu-provision -H {host} repin"
+
+
+def connect(target: Target, notify: Callable[[str], None] | None = None,
+            replace_key: bool = False, timeout: int = CONNECT_TIMEOUT) -> Connection:
+    """Open a connection to ``target``; failures become SSHError with a named kind."""
+    kwargs: dict[str, object] = {"allow_agent": True, "look_for_keys": True,
+                                 "banner_timeout": timeout, "auth_timeout": timeout}
+    if target.key:
+        kwargs["key_filename"] = [os.path.expanduser(target.key)]
+    if target.password_env:
+        password = os.environ.get(target.password_env)
+        if password is None:
+            raise SSHError(target.name, AUTH_REFUSED,
+                           f"the inventory says the password is in ${target.password_env}, "
+                           "which is not set")
+        kwargs["password"] = password
+    conn = Connection(target.host, user=target.user, port=target.port, connect_timeout=timeout,
+                      connect_kwargs=kwargs)
+    conn.client.set_missing_host_key_policy(
+        PinningPolicy(target.pin_name, known_hosts_path(), notify, replace_key))
+    try:
+        conn.open()
+    except BaseException as exc:
+        conn.close()
+        raise classify(target, exc) from None
+    return conn
+
+
+def classify(target: Target, exc: BaseException) -> BaseException:
+    """Turn a paramiko/socket exception into a one-line SSHError."""
+    name = target.name
+    if isinstance(exc, HostKeyChanged):
+        return SSHError(name, HOST_KEY_CHANGED,
+                        f"the server now presents {fingerprint(exc.new)}, but {exc.name} was "
+                        f"pinned to {fingerprint(exc.old)} in {known_hosts_path()}. Rented IPs "
+                        "and ports are reused: this may be a new machine (or someone in the "
+                        "middle). If you expect a new machine, re-pin with: "
+                        f"{repin_command(target)}")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return SSHError(name, AUTH_REFUSED, f"{target.user}@{target.host} refused our key/password "
+                        "(check `key:` or `password_env:` in the inventory, or run `authorize`)")
+    if isinstance(exc, socket.gaierror):
+        return SSHError(name, NOT_RESOLVED, f"cannot resolve {target.host!r}")
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return SSHError(name, TIMEOUT, f"no answer from {target.host}:{target.port} within "
+                        f"{CONNECT_TIMEOUT}s (host down, wrong port, or a firewall)")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or \
+            isinstance(exc, ConnectionRefusedError):
+        return SSHError(name, REFUSED, f"{target.host}:{target.port} refused the connection "
+                        "(sshd not running, or wrong port)")
+    if isinstance(exc, (paramiko.SSHException, OSError, EOFError)):
+        return SSHError(name, SSH_FAILED, f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def forget_pin(target: Target) -> bool:
+    """Drop ``target``'s pinned key; True when there was one."""
+    path = known_hosts_path()
+    if not path.exists():
+        return False
+    keys = HostKeys(str(path))
+    if keys.lookup(target.pin_name) is None:
+        return False
+    del keys[target.pin_name]
+    keys.save(str(path))
+    return True

@@ -1,0 +1,56 @@
+"""The one place that runs anything on a host: every remote execution goes through ``run``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fabric import Connection
+
+from .command import Command, mask
+from .errors import RemoteError
+
+
+@dataclass(frozen=True)
+class Result:
+    step: str
+    command: str  # as displayed (secrets masked)
+    stdout: str
+    stderr: str
+    exit_code: int
+    seconds: float
+
+
+class Executor:
+    """Runs Commands over one open connection; counts executions and keeps a log per step."""
+
+    def __init__(self, conn: Connection, host: str, log_dir: Path | None = None,
+                 secrets: tuple[str, ...] = ()):
+        self.conn, self.host, self.log_dir, self.secrets = conn, host, log_dir, secrets
+        self.executions = 0
+
+    def run(self, command: Command, step: str, check: bool = True,
+            timeout: int | None = None) -> Result:
+        """Run one command remotely (one SSH exec channel). Raises RemoteError when ``check``
+        and it exits non-zero."""
+        started = time.monotonic()
+        self.executions += 1
+        r = self.conn.run(command.render(), hide=True, warn=True, timeout=timeout,
+                          in_stream=False)
+        secrets = (*self.secrets, *command.secrets)
+        result = Result(step=step, command=command.display(), stdout=r.stdout, stderr=r.stderr,
+                        exit_code=r.exited, seconds=time.monotonic() - started)
+        self._log(result, secrets)
+        if check and r.exited != 0:
+            raise RemoteError(self.host, step, r.exited, mask(r.stdout + r.stderr, secrets))
+        return result
+
+    def _log(self, result: Result, secrets: tuple[str, ...]) -> None:
+        if self.log_dir is None:
+            return
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with (self.log_dir / f"{result.step}.log").open("a", encoding="utf-8") as f:
+            f.write(f"$ {result.command[:2000]}\n# exit {result.exit_code} in "
+                    f"{result.seconds:.2f}s\n{mask(result.stdout, secrets)}"
+                    f"{mask(result.stderr, secrets)}\n")

@@ -1,0 +1,1 @@
+"""Pure parsers: captured command output in, frozen typed values out. No I/O here."""

@@ -1,0 +1,288 @@
+"""``HostFacts``: the typed result of the one facts execution (raw probe outputs -> values)."""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from importlib import resources
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import yaml
+
+from ..compat import dotted, load_compat, parse_compute_cap
+from .cuda import parse_nvcc
+from .nvidia import (QUERY_FIELDS, STATE_TEXT, Gpu, GpuProcess, NvidiaState, nvml_library_version,
+                     parse_compute_apps, parse_driver_version, parse_failure, parse_header,
+                     parse_query_gpu, parse_table)
+from .osinfo import OsRelease, parse_os_release
+from .pci import PciGpu, parse_lspci
+from .platform import PlatformMarkers, Virtualization, detect_platform, detect_virtualization
+
+
+@dataclass(frozen=True)
+class Disk:
+    path: str
+    mount: str
+    free_gb: float
+    total_gb: float
+
+
+@dataclass(frozen=True)
+class CondaEnv:
+    conda: str  # the conda root prefix
+    prefix: str
+    name: str
+    python: str | None  # "3.11"
+    torch: str | None  # "2.5.1+cu124"
+    torch_cuda: str | None  # "12.4"; None for a CPU build
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    os: OsRelease
+    kernel: str
+    arch: str
+    hostname: str
+    cpu_model: str
+    cpu_cores: int
+    memory_gb: float
+    memory_available_gb: float
+    home: str
+    disks: tuple[Disk, ...]
+    virtualization: Virtualization
+    platform: str | None
+    platform_evidence: str
+    pid1: str
+    systemd: bool
+    root: bool
+    sudo: bool
+    glibc: str | None
+    pci_gpus: tuple[PciGpu, ...]
+    nvidia_state: NvidiaState
+    nvidia_detail: str
+    gpus: tuple[Gpu, ...]
+    gpu_processes: tuple[GpuProcess, ...]
+    driver: str | None
+    driver_open: bool | None
+    driver_cuda: str | None  # max CUDA the driver supports
+    driver_cuda_source: str  # "nvidia-smi" | "driver table" | "none"
+    nouveau_loaded: bool
+    nvidia_module_loaded: bool
+    nvcc: str | None
+    pythons: tuple[str, ...]
+    conda: tuple[str, ...]
+    envs: tuple[CondaEnv, ...]
+    mirrors: Mapping[str, str]
+    boot_id: str
+    journal: Mapping[str, Any] | None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def has_nvidia_gpu(self) -> bool:
+        return bool(self.gpus or self.pci_gpus)
+
+    @property
+    def compute_caps(self) -> tuple[str, ...]:
+        return tuple(g.compute_cap for g in self.gpus if g.compute_cap)
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["has_nvidia_gpu"] = self.has_nvidia_gpu
+        return data
+
+
+def _out(probes: Mapping[str, Any], name: str) -> tuple[str, int]:
+    p = probes.get(name) or {}
+    return str(p.get("out", "")), int(p.get("rc", 127))
+
+
+def _ok(probes: Mapping[str, Any], name: str) -> str | None:
+    out, rc = _out(probes, name)
+    return out if rc == 0 else None
+
+
+def parse_df(text: str) -> tuple[Disk, ...]:
+    """Lines ``<path>\t<df -Pk row>`` from the disk probe -> one Disk per existing path."""
+    disks = []
+    for line in text.splitlines():
+        path, _, row_text = line.partition("\t")
+        row = row_text.split()
+        if len(row) >= 6 and row[1].isdigit() and row[3].isdigit():
+            disks.append(Disk(path=path, mount=row[5], total_gb=round(int(row[1]) / 1048576, 1),
+                              free_gb=round(int(row[3]) / 1048576, 1)))
+    return tuple(disks)
+
+
+def parse_meminfo(text: str) -> tuple[float, float]:
+    vals = dict(re.findall(r"^(\w+):\s+(\d+) kB", text, re.MULTILINE))
+    total = int(vals.get("MemTotal", 0)) / 1048576
+    return round(total, 1), round(int(vals.get("MemAvailable", 0)) / 1048576, 1)
+
+
+def parse_envs(text: str) -> tuple[CondaEnv, ...]:
+    """Lines ``root|prefix|python3.11|__version__=2.5.1+cu124 cuda=12.4`` from the envs probe."""
+    envs = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 4:
+            continue
+        root, prefix, py, tv = parts
+        torch_vals = dict(re.findall(r"(\w+)=(\S+)", tv))
+        cuda = torch_vals.get("cuda")
+        envs.append(CondaEnv(
+            conda=root, prefix=prefix,
+            name="base" if prefix == root else prefix.rsplit("/", 1)[-1],
+            python=py.removeprefix("python") or None,
+            torch=torch_vals.get("__version__"),
+            torch_cuda=None if cuda in (None, "None") else cuda,
+        ))
+    return tuple(envs)
+
+
+def parse_mirrors(text: str) -> dict[str, str]:
+    """Mirror settings found in .condarc / pip.conf, keyed ``pip.index-url``, ``conda.channels``."""
+    found: dict[str, str] = {}
+    source = ""
+    for line in text.splitlines():
+        if line.startswith("== "):
+            source = "conda" if line.endswith(".condarc") else "pip"
+            continue
+        m = re.match(r"\s*(index-url|extra-index-url|index_url)\s*=\s*(\S+)", line)
+        if m and source == "pip":
+            found.setdefault(f"pip.{m.group(1).replace('_', '-')}", m.group(2))
+        m = re.match(r"\s*-\s*(\S+)", line)
+        if m and source == "conda":
+            found["conda.channels"] = (found.get("conda.channels", "") + " " + m.group(1)).strip()
+    return found
+
+
+def _cc_from_name(name: str) -> str | None:
+    """Compute capability from the GPU name, for drivers whose nvidia-smi lacks compute_cap."""
+    table: Mapping[str, str] = load_gpu_ccs()
+    low = name.lower()
+    for key in sorted(table, key=len, reverse=True):
+        if key in low:
+            return table[key]
+    return None
+
+
+@cache
+def load_gpu_ccs() -> Mapping[str, str]:
+    raw = yaml.safe_load(resources.files("provision.data").joinpath("gpus.yaml").read_text())
+    return {k.lower(): str(v["cc"]) for k, v in raw["gpus"].items()}
+
+
+def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers] = ()) -> HostFacts:
+    """Turn the facts script's JSON into HostFacts. A missing tool is a value, never an error."""
+    doc = json.loads(raw) if isinstance(raw, str) else raw
+    probes: Mapping[str, Any] = doc["probes"]
+    warnings: list[str] = []
+
+    os_text = _ok(probes, "os_release") or ""
+    osr = parse_os_release(os_text)
+    centos = _ok(probes, "centos_release")
+    if centos and osr.id == "centos":  # CentOS 7's os-release says only "7"
+        full = parse_os_release(centos)
+        osr = OsRelease(id=osr.id, version_id=full.version_id or osr.version_id,
+                        pretty_name=osr.pretty_name, id_like=osr.id_like)
+
+    home = (_ok(probes, "home") or "/root").strip()
+    disks = parse_df(_out(probes, "disk")[0])
+    mem_total, mem_avail = parse_meminfo(_out(probes, "meminfo")[0])
+    sdv_out, sdv_rc = _out(probes, "systemd_detect_virt")  # exits 1 printing "none"
+    virt = detect_virtualization(sdv_out if sdv_rc in (0, 1) else None, _ok(probes, "dmi") or "",
+                                 _ok(probes, "container_markers") or "",
+                                 (_ok(probes, "hypervisor_flag") or "0").strip() not in ("", "0"))
+    hostname = (_ok(probes, "hostname") or "").strip()
+    platform, evidence = detect_platform(
+        markers, (_out(probes, "platform_markers")[0]).split(),
+        (_ok(probes, "pid1_env_names") or "").split(), hostname)
+
+    # nvidia: the query (with compute_cap, else without), the table for the max CUDA.
+    q_out, q_rc = _out(probes, "smi_query")
+    state = parse_failure(q_out, q_rc)
+    gpus: tuple[Gpu, ...] = ()
+    if state is None:
+        gpus = parse_query_gpu(q_out)
+    elif "not a valid field" in q_out:
+        q_out, q_rc = _out(probes, "smi_query_nocc")
+        state = parse_failure(q_out, q_rc)
+        if state is None:
+            gpus = tuple(g.__class__(**{**asdict(g), "compute_cap": _cc_from_name(g.name)})
+                         for g in parse_query_gpu(q_out))
+    detail = STATE_TEXT[state or "ok"]
+    if state == "nvml_mismatch":
+        lib = nvml_library_version(q_out)
+        detail += f" (NVML library {lib})" if lib else ""
+    table_out, table_rc = _out(probes, "smi_table")
+    header = parse_table(table_out)[0] if table_rc == 0 else parse_header("")
+    module = parse_driver_version(_ok(probes, "proc_driver") or "") or \
+        parse_driver_version(_ok(probes, "sys_module") or "")
+    driver = (gpus[0].driver if gpus and gpus[0].driver else None) or header.driver or \
+        (module.version if module else None)
+    driver_cuda, cuda_source = header.cuda, "nvidia-smi" if header.cuda else "none"
+    if driver_cuda is None and driver:
+        mx = load_compat().max_cuda_for_driver(dotted(driver))
+        if mx:
+            driver_cuda, cuda_source = ".".join(map(str, mx[:2])), "driver table"
+    for g in gpus:
+        if g.compute_cap:
+            try:
+                parse_compute_cap(g.compute_cap)
+            except ValueError:
+                warnings.append(f"GPU {g.index}: unreadable compute capability {g.compute_cap!r}")
+
+    modules = _ok(probes, "modules") or ""
+    mod_names = {ln.split()[0] for ln in modules.splitlines() if ln.strip()}
+    pythons = tuple(sorted({m.group(1) for m in re.finditer(r"Python (\d+\.\d+)",
+                                                            _out(probes, "pythons")[0])}))
+    journal_text = _ok(probes, "journal")
+    journal = None
+    if journal_text:
+        try:
+            journal = json.loads(journal_text)
+        except ValueError:
+            warnings.append("the journal on the host is not valid JSON; it will be rewritten")
+    uid = (_ok(probes, "uid") or "").strip()
+    return HostFacts(
+        os=osr,
+        kernel=(_ok(probes, "kernel") or "").strip(),
+        arch=(_ok(probes, "arch") or "").strip(),
+        hostname=hostname,
+        cpu_model=(_ok(probes, "cpu_model") or "").strip(),
+        cpu_cores=int((_ok(probes, "cpu_cores") or "0").strip() or 0),
+        memory_gb=mem_total,
+        memory_available_gb=mem_avail,
+        home=home,
+        disks=disks,
+        virtualization=virt,
+        platform=platform,
+        platform_evidence=evidence,
+        pid1=(_ok(probes, "pid1") or "").strip(),
+        systemd=(_ok(probes, "pid1") or "").strip() == "systemd",
+        root=uid == "0",
+        sudo=uid == "0" or _out(probes, "sudo")[1] == 0,
+        glibc=(m.group(1) if (m := re.search(r"(\d+\.\d+)", _ok(probes, "glibc") or "")) else None),
+        pci_gpus=parse_lspci(_ok(probes, "lspci") or ""),
+        nvidia_state=state or "ok",
+        nvidia_detail=detail,
+        gpus=gpus,
+        gpu_processes=parse_compute_apps(_ok(probes, "smi_apps") or ""),
+        driver=driver,
+        driver_open=module.open if module else None,
+        driver_cuda=driver_cuda,
+        driver_cuda_source=cuda_source,
+        nouveau_loaded="nouveau" in mod_names,
+        nvidia_module_loaded="nvidia" in mod_names or module is not None,
+        nvcc=parse_nvcc(_ok(probes, "nvcc") or ""),
+        pythons=pythons,
+        conda=tuple(ln.strip() for ln in (_ok(probes, "conda") or "").splitlines() if ln.strip()),
+        envs=parse_envs(_ok(probes, "envs") or ""),
+        mirrors=parse_mirrors(_ok(probes, "mirrors") or ""),
+        boot_id=(_ok(probes, "boot_id") or "").strip(),
+        journal=journal,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,153 @@
+"""Inventories (one host per file) and the resolution of ``-H`` into a ``Target``.
+
+``-H <name>`` reads ``inventories/<name>.yaml`` (from the current folder, or the folder in
+``$GPU_PROVISION_INVENTORIES``); ``-H path/to/host.yaml`` reads that file; ``-H user@ip:port``
+needs no file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from . import validators as v
+from .errors import ConfigError
+from .recipes import MIRRORS_SCHEMA, Mirrors, Platform, Recipe, load_platform, load_recipe
+from .yamlspec import Check, check, load_mapping
+
+INVENTORY_SCHEMA = {
+    "host": str,
+    "port": Check(int, v.port),
+    "user": Check(str, v.name),
+    "key": str,
+    "password_env": Check(str, v.env_var),
+    "platform": Check(str, v.name),
+    "recipe": Check(str, v.name),
+    "price_per_hour": float,
+    "currency": str,
+    "gpu": Check(str, v.gpu_claim),
+    "python": Check(str, v.python_version),
+    "torch": Check(str, v.torch_spec),
+    "env_name": Check(str, v.name),
+    "packages": Check([str], v.packages),
+    "cuda_compat": Check(str, v.one_of("strict", "minor")),
+    "data_dir": Check(str, v.abs_path),
+    "mirrors": MIRRORS_SCHEMA,
+    "notes": str,
+}
+
+DEFAULT_RECIPE = "pytorch"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to connect and what the inventory says about that host."""
+
+    name: str  # the inventory name, or "user@host:port"
+    host: str
+    port: int = 22
+    user: str = "root"
+    key: str | None = None
+    password_env: str | None = None
+    source: Path | None = None  # the inventory file, if any
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the file's other keys
+
+    @property
+    def pin_name(self) -> str:
+        """The known_hosts name its host key is pinned under: the inventory entry or host:port."""
+        return f"inventory:{self.name}" if self.source else f"[{self.host}]:{self.port}"
+
+
+def inventory_dirs() -> list[Path]:
+    dirs = [Path.cwd() / "inventories"]
+    env = os.environ.get("GPU_PROVISION_INVENTORIES")
+    if env:
+        dirs.insert(0, Path(env))
+    return dirs
+
+
+def load_inventory(path: Path, name: str | None = None) -> Target:
+    data, lines = load_mapping(path, "inventory")
+    check(data, INVENTORY_SCHEMA, path, lines)
+    if not data.get("host"):
+        raise ConfigError(str(path), "missing (the address or name to connect to)", key="host")
+    conn = {k: data.pop(k) for k in ("host", "port", "user", "key", "password_env") if k in data}
+    return Target(name=name or path.stem, host=str(conn["host"]), port=int(conn.get("port") or 22),
+                  user=str(conn.get("user") or "root"), key=conn.get("key"),
+                  password_env=conn.get("password_env"), source=path, settings=data)
+
+
+def parse_host_string(text: str) -> tuple[str | None, str, int | None]:
+    """``user@host:port`` -> (user, host, port); IPv6 as ``[::1]:2222``."""
+    user = None
+    if "@" in text:
+        user, text = text.rsplit("@", 1)
+    m = re.fullmatch(r"\[([^\]]+)\](?::(\d+))?", text) or re.fullmatch(r"([^:]+)(?::(\d+))?", text)
+    if not m:
+        return user, text, None
+    return user, m.group(1), int(m.group(2)) if m.group(2) else None
+
+
+def resolve_target(spec: str, user: str | None = None, port: int | None = None) -> Target:
+    """Turn one ``-H`` value into a Target (inventory file when one matches)."""
+    if spec.endswith((".yaml", ".yml")):
+        return load_inventory(Path(spec))
+    if v.NAME_RE.match(spec) and user is None and port is None:
+        for d in inventory_dirs():
+            p = d / f"{spec}.yaml"
+            if p.is_file():
+                return load_inventory(p, spec)
+    u, host, p2 = parse_host_string(spec)
+    user, port = user or u or "root", port or p2 or 22
+    return Target(name=f"{user}@{host}:{port}", host=host, port=port, user=user)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The desired state for one host after applying every layer of precedence."""
+
+    platform: str
+    recipe: str
+    python: str = "3.11"
+    torch: str | None = None
+    env_name: str = "gpu"
+    packages: tuple[str, ...] = ()
+    cuda_compat: str = "strict"
+    data_dir: str | None = None
+    mirrors: Mirrors = Mirrors()
+    gpu: str | None = None
+    price_per_hour: float | None = None
+    currency: str | None = None
+    validation: Mapping[str, float] = field(default_factory=dict)
+
+
+def merge_settings(target: Target, platform: Platform, recipe: Recipe,
+                   cli: Mapping[str, Any] | None = None) -> Settings:
+    """defaults < platform < recipe < inventory < command line."""
+    s = Settings(platform=platform.name, recipe=recipe.name)
+    mirrors = Mirrors().merged(platform.mirrors).merged(recipe.mirrors)
+    s = replace(s, data_dir=platform.data_dir, validation=dict(recipe.validation))
+    for layer in (
+        {"python": recipe.python, "torch": recipe.torch, "env_name": recipe.env_name,
+         "packages": recipe.packages, "cuda_compat": recipe.cuda_compat},
+        {k: x for k, x in target.settings.items() if k not in ("platform", "recipe", "mirrors", "notes")},
+        dict(cli or {}),
+    ):
+        clean = {k: (tuple(x) if isinstance(x, list) else x) for k, x in layer.items() if x is not None}
+        s = replace(s, **clean)
+    mirrors = mirrors.merged(target.settings.get("mirrors"))
+    return replace(s, mirrors=mirrors)
+
+
+def settings_for(target: Target, detected_platform: str | None,
+                 cli: Mapping[str, Any] | None = None) -> Settings:
+    """Load the platform (inventory's, else detected, else generic-vm) and the recipe, then merge."""
+    pname = (cli or {}).get("platform") or target.settings.get("platform") or detected_platform \
+        or "generic-vm"
+    rname = (cli or {}).get("recipe") or target.settings.get("recipe") or DEFAULT_RECIPE
+    rest = {k: x for k, x in (cli or {}).items() if k not in ("platform", "recipe")}
+    return merge_settings(target, load_platform(pname), load_recipe(rname), rest)

@@ -1,0 +1,101 @@
+"""One rich console for everything the user reads; renderers take values, return nothing else."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .compat import TorchChoice
+from .facts.host import HostFacts
+from .plan import Plan
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def use_console(c: Console) -> None:
+    """Send output to another console (tests render to a string buffer)."""
+    global console
+    console = c
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def facts_table(host: str, f: HostFacts) -> None:
+    t = Table(title=f"facts: {host}", show_header=False, title_justify="left")
+    t.add_column("fact", style="bold")
+    t.add_column("value")
+    gpus = ", ".join(f"{g.index}: {g.name} ({g.memory_total_mib} MiB, sm {g.compute_cap}, "
+                     f"{g.memory_used_mib} MiB used, {g.utilization_pct}% busy)" for g in f.gpus)
+    rows = [
+        ("os", f"{f.os.label} ({f.os.family or 'unknown family'}), kernel {f.kernel}, {f.arch}, "
+               f"glibc {f.glibc}"),
+        ("machine", f"{f.virtualization.kind} ({f.virtualization.what or '-'}: "
+                    f"{f.virtualization.evidence}); pid 1 {f.pid1}"),
+        ("platform", f"{f.platform or 'not detected'} ({f.platform_evidence})"),
+        ("cpu", f"{f.cpu_model} x{f.cpu_cores}; memory {f.memory_gb} GB "
+                f"({f.memory_available_gb} GB free)"),
+        ("disk", "; ".join(f"{d.path}: {d.free_gb}/{d.total_gb} GB free" for d in f.disks) or "-"),
+        ("user", "root" if f.root else ("sudo" if f.sudo else "no root, no sudo")),
+        ("pci gpus", ", ".join(g.name for g in f.pci_gpus) or "none"),
+        ("nvidia", f"{f.nvidia_state}: {f.nvidia_detail}"),
+        ("driver", f"{f.driver or 'none'}"
+                   + (f" ({'open' if f.driver_open else 'proprietary'} modules)"
+                      if f.driver_open is not None else "")
+                   + (f", CUDA <= {f.driver_cuda} ({f.driver_cuda_source})" if f.driver_cuda else "")),
+        ("gpus", gpus or "none"),
+        ("gpu processes", ", ".join(f"{p.pid} {p.name} {p.used_memory_mib} MiB"
+                                    for p in f.gpu_processes) or "none"),
+        ("nouveau", "loaded" if f.nouveau_loaded else "not loaded"),
+        ("nvcc", f.nvcc or "none (not needed: wheels bring their own CUDA runtime)"),
+        ("python", ", ".join(f.pythons) or "none"),
+        ("conda", ", ".join(f.conda) or "none"),
+        ("envs", ", ".join(f"{e.name} (py {e.python}, torch {e.torch or '-'})" for e in f.envs)
+                 or "none"),
+        ("mirrors", ", ".join(f"{k}={v}" for k, v in f.mirrors.items()) or "defaults"),
+        ("boot id", f.boot_id),
+        ("journal", "present" if f.journal else "none"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    for w in f.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+
+
+def plan_table(plan: Plan) -> None:
+    t = Table(title=f"plan: {plan.host} (dry run: nothing was changed)", title_justify="left")
+    t.add_column("step", style="bold")
+    t.add_column("action")
+    t.add_column("why")
+    for d in plan.decisions:
+        t.add_row(d.step, d.action if d.changes else "[dim]nothing to do[/]", d.reason)
+    console.print(t)
+    for r in plan.risks:
+        console.print(f"[yellow]risk:[/] {r}")
+    if plan.blocked:
+        console.print(f"[red]blocked:[/] {plan.blocked}")
+
+
+def choice_text(choice: TorchChoice) -> None:
+    tv = f" torchvision {choice.torchvision}" if choice.torchvision else ""
+    ta = f" torchaudio {choice.torchaudio}" if choice.torchaudio else " (no torchaudio)"
+    console.print(f"[bold]{choice.label}[/]{tv}{ta}")
+    console.print(f"index: {choice.index_url}")
+    for r in choice.reasons:
+        console.print(f"  - {r}")
+    for r in choice.risks:
+        console.print(f"  [yellow]risk:[/] {r}")
+    pkgs = [f"torch=={choice.torch}"]
+    if choice.torchvision:
+        pkgs.append(f"torchvision=={choice.torchvision}")
+    if choice.torchaudio:
+        pkgs.append(f"torchaudio=={choice.torchaudio}")
+    console.print(f"pip install {' '.join(pkgs)} --index-url {choice.index_url}")

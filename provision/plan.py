@@ -1,0 +1,178 @@
+"""Facts + settings -> every decision with its reason. Pure: nothing here touches a host."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .compat import TorchChoice, choose_torch, parse_compute_cap
+from .errors import NoWheelError, ProvisionError
+from .facts.host import HostFacts
+from .inventory import Settings
+from .recipes import Platform
+
+# Branches installed when the driver is missing or too old (compat.md §1.5).
+KEPLER_BRANCH = 470  # last branch with Kepler
+CURRENT_BRANCH = 580  # CUDA 13.0; last branch with Maxwell, Pascal and Volta
+CURRENT_BRANCH_MIN = "580.65.06"  # the first 580 release (CUDA 13.0 GA)
+KEPLER_BRANCH_MIN = "470.42.01"
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: str  # platform | driver | conda | env | torch | validate
+    action: str  # "none" when nothing is to be done
+    reason: str
+
+    @property
+    def changes(self) -> bool:
+        return self.action != "none"
+
+
+@dataclass(frozen=True)
+class Plan:
+    host: str
+    settings: Settings
+    decisions: tuple[Decision, ...]
+    torch: TorchChoice | None
+    risks: tuple[str, ...] = ()
+    blocked: str | None = None  # a reason nothing can proceed (no wheel fits)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "settings": asdict(self.settings),
+            "decisions": [asdict(d) for d in self.decisions],
+            "torch": self.torch.as_json() if self.torch else None,
+            "risks": list(self.risks),
+            "blocked": self.blocked,
+        }
+
+
+def driver_branch(caps: list[tuple[int, int]]) -> tuple[int, bool, str]:
+    """The branch to install for these GPUs: (branch, open kernel modules, reason)."""
+    if any(c[0] == 3 for c in caps):
+        return KEPLER_BRANCH, False, "Kepler GPUs end at driver branch 470"
+    if any(c[0] >= 10 for c in caps):
+        return CURRENT_BRANCH, True, "Blackwell needs the open kernel modules and >= R570"
+    if any(c < (7, 5) for c in caps):
+        return CURRENT_BRANCH, False, "Maxwell/Pascal/Volta end at branch 580 (proprietary modules)"
+    return CURRENT_BRANCH, True, "Turing and newer: open kernel modules (NVIDIA's default since R560)"
+
+
+def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platform) -> Plan:
+    decisions: list[Decision] = []
+    detected = facts.platform or "none detected"
+    decisions.append(Decision("platform", "none",
+                              f"{platform.name} ({platform.kind}; detected: {detected}, "
+                              f"{facts.platform_evidence}; host is a {facts.virtualization.kind}"
+                              f" - {facts.virtualization.evidence})"))
+    touchable = platform.driver_touchable and facts.virtualization.kind != "container"
+    caps = sorted({parse_compute_cap(c) for c in facts.compute_caps})
+    glibc = facts.glibc
+    torch: TorchChoice | None = None
+    blocked: str | None = None
+
+    def pick(driver: str | None, driver_cuda: str | None) -> TorchChoice:
+        return choose_torch(driver=driver, compute_caps=caps, python=settings.python,
+                            torch=settings.torch, cuda_compat=settings.cuda_compat, glibc=glibc,
+                            driver_cuda=driver_cuda, arch=facts.arch or "x86_64",
+                            index=settings.mirrors.pytorch)
+
+    # Driver
+    if not facts.has_nvidia_gpu:
+        decisions.append(Decision("driver", "none", "no NVIDIA GPU on the PCI bus: CPU-only host"))
+    elif facts.nvidia_state == "ok" and facts.driver:
+        try:
+            torch = pick(facts.driver, facts.driver_cuda)
+            decisions.append(Decision("driver", "none",
+                                      f"driver {facts.driver} loaded (CUDA <= {facts.driver_cuda}, "
+                                      f"{facts.driver_cuda_source}); enough for {torch.label}"))
+        except NoWheelError as exc:
+            if touchable:
+                branch, open_mod, why = driver_branch(caps)
+                decisions.append(Decision("driver", f"upgrade to branch {branch}"
+                                          f"{' (open modules)' if open_mod else ''}",
+                                          f"driver {facts.driver} is too old: {exc}; {why}"))
+            else:
+                blocked = str(exc)
+                decisions.append(Decision("driver", "none", f"{platform.name} owns the driver "
+                                          f"(never touched on a {platform.kind}); {exc}"))
+    elif not touchable:
+        decisions.append(Decision("driver", "none",
+                                  f"{facts.nvidia_detail}; {platform.name} is a {platform.kind} whose "
+                                  "driver belongs to the platform: never touched. Ask the "
+                                  "provider, or rent another instance"))
+        blocked = f"the GPU is not usable: {facts.nvidia_detail}"
+    elif facts.nvidia_state in ("no_driver", "not_loaded", "no_devices") or not facts.driver:
+        branch, open_mod, why = driver_branch(caps) if caps else (CURRENT_BRANCH, True, "")
+        how = {"apt": "apt", "yum": "yum/dnf"}.get(facts.os.family or "", "the distro's tools")
+        reason = f"{facts.nvidia_detail}; {why or 'GPU model from lspci'}"
+        if facts.nouveau_loaded:
+            reason += "; nouveau is loaded and will be blacklisted (reboot needed)"
+        decisions.append(Decision("driver", f"install branch {branch}"
+                                  f"{' (open modules)' if open_mod else ''} with {how}", reason))
+    elif facts.nvidia_state == "nvml_mismatch":
+        decisions.append(Decision("driver", "reboot", facts.nvidia_detail))
+    else:
+        blocked = f"the GPU is not usable: {facts.nvidia_detail}"
+        decisions.append(Decision("driver", "none", blocked))
+
+    if torch is None and blocked is None and facts.has_nvidia_gpu:
+        branch_min = KEPLER_BRANCH_MIN if any(c[0] == 3 for c in caps) else CURRENT_BRANCH_MIN
+        try:
+            torch = pick(branch_min, None) if caps else None
+        except NoWheelError as exc:
+            blocked = str(exc)
+        if caps == [] and torch is None and blocked is None:
+            decisions.append(Decision("torch", "decide after the driver",
+                                      "compute capability unknown until nvidia-smi answers"))
+    elif not facts.has_nvidia_gpu:
+        try:
+            torch = pick(None, None)
+        except NoWheelError as exc:
+            blocked = str(exc)
+
+    # Conda and env
+    usable = [c for c in facts.conda]
+    if usable:
+        decisions.append(Decision("conda", "none", f"conda found at {usable[0]}"))
+    else:
+        decisions.append(Decision("conda", "install Miniconda",
+                                  f"no conda on the host; from {settings.mirrors.miniconda}"))
+    env_name = platform.adopt_env or settings.env_name
+    env = next((e for e in facts.envs if e.name == env_name), None)
+    if platform.adopt_env and env is not None:
+        decisions.append(Decision("env", "none", f"adopt the platform's env {env_name!r} "
+                                  f"(python {env.python}, torch {env.torch or 'none'})"))
+    elif env is not None:
+        decisions.append(Decision("env", "none", f"env {env_name!r} exists (python {env.python})"))
+    else:
+        decisions.append(Decision("env", f"create {env_name!r}",
+                                  f"conda create -n {env_name} python={settings.python}"))
+
+    if torch is not None:
+        want = f"{torch.torch}+{torch.cuda}"
+        have = env.torch if env else None
+        if have == want:
+            decisions.append(Decision("torch", "none", f"{torch.label} already installed"))
+        elif platform.adopt_env and have and not settings.torch:
+            decisions.append(Decision("torch", "none", f"keep the platform's torch {have} "
+                                      f"(set torch: in the recipe to replace it; rule says {want})"))
+        else:
+            decisions.append(Decision("torch", f"install {torch.label}", "; ".join(torch.reasons)))
+        if settings.packages:
+            decisions.append(Decision("packages", "pip install " + " ".join(settings.packages),
+                                      f"recipe {settings.recipe}"))
+    elif blocked:
+        decisions.append(Decision("torch", "none", f"blocked: {blocked}"))
+    decisions.append(Decision("validate", "run validate_gpu.py",
+                              "torch sees every GPU, matmul correct, speed as expected"))
+    return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
+                risks=torch.risks if torch else (), blocked=blocked)
+
+
+def require_plan(plan: Plan) -> Plan:
+    if plan.blocked:
+        raise ProvisionError(f"{plan.host}: {plan.blocked}")
+    return plan

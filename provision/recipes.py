@@ -1,0 +1,158 @@
+"""Recipes, platform profiles and mirrors: YAML -> frozen specs, merged by precedence.
+
+Precedence: built-in defaults < platform < recipe < inventory < command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from . import validators as v
+from .errors import ConfigError
+from .paths import builtin_recipes_dir
+from .yamlspec import Check, check, load_mapping
+
+MIRRORS_SCHEMA = {
+    "apt": Check(str, v.url),
+    "miniconda": Check(str, v.url),
+    "conda_channels": Check([str], lambda xs: None if all(
+        not v.url(x) or not v.name(x) for x in xs) else f"{xs!r}: each channel is a name or URL"),
+    "pypi": Check(str, v.url),
+    "pytorch": Check(str, v.url),
+}
+
+RECIPE_SCHEMA = {
+    "description": str,
+    "python": Check(str, v.python_version),
+    "torch": Check(str, v.torch_spec),
+    "packages": Check([str], v.packages),
+    "env_name": Check(str, v.name),
+    "cuda_compat": Check(str, v.one_of("strict", "minor")),
+    "mirrors": MIRRORS_SCHEMA,
+    "validation": {"min_free_disk_gb": float, "min_memory_gb": float, "min_cpu_cores": int,
+                   "min_tflops_ratio": float},
+}
+
+PLATFORM_SCHEMA = {
+    "description": str,
+    "kind": Check(str, v.one_of("vm", "container", "bare")),
+    "driver_touchable": bool,
+    "conda_prefix": Check(str, v.abs_path),
+    "adopt_env": Check(str, v.name),
+    "data_dir": Check(str, v.abs_path),
+    "login_shell": bool,
+    "accelerator_command": str,
+    "mirrors": MIRRORS_SCHEMA,
+    "detect": {"files": [str], "env": [str], "hostname_prefix": [str]},
+}
+
+
+@dataclass(frozen=True)
+class Mirrors:
+    """Where every download comes from. ``miniconda`` is a prefix holding
+    ``Miniconda3-<version>-Linux-<arch>.sh``; ``pytorch`` a prefix holding ``<variant>/`` indexes."""
+
+    apt: str | None = None
+    miniconda: str = "https://repo.anaconda.com/miniconda"
+    conda_channels: tuple[str, ...] = ("conda-forge",)
+    pypi: str = "https://pypi.org/simple"
+    pytorch: str = "https://download.pytorch.org/whl"
+
+    def merged(self, overrides: Mapping[str, Any] | None) -> Mirrors:
+        if not overrides:
+            return self
+        clean = {k: (tuple(x) if isinstance(x, list) else x) for k, x in overrides.items()
+                 if x is not None}
+        return replace(self, **clean)
+
+
+@dataclass(frozen=True)
+class Detect:
+    files: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    hostname_prefix: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Platform:
+    name: str
+    description: str = ""
+    kind: str = "vm"  # vm | container | bare
+    driver_touchable: bool = True
+    conda_prefix: str | None = None  # a conda the platform preinstalls
+    adopt_env: str | None = None  # use this env instead of creating one (AutoDL: base)
+    data_dir: str | None = None
+    login_shell: bool = False
+    accelerator_command: str | None = None
+    mirrors: Mapping[str, Any] = field(default_factory=dict)
+    detect: Detect = Detect()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str = ""
+    python: str | None = None
+    torch: str | None = None
+    packages: tuple[str, ...] = ()
+    env_name: str | None = None
+    cuda_compat: str | None = None
+    mirrors: Mapping[str, Any] = field(default_factory=dict)
+    validation: Mapping[str, float] = field(default_factory=dict)
+
+
+def _find(kind: str, name: str, local: Path, builtin: Path) -> Path:
+    problem = v.name(name)
+    if problem:
+        raise ConfigError(f"{kind} {name!r}", problem)
+    for folder in (local, builtin):
+        p = folder / f"{name}.yaml"
+        if p.is_file():
+            return p
+    known = sorted({p.stem for d in (local, builtin) if d.is_dir() for p in d.glob("*.yaml")})
+    raise ConfigError(str(local / f"{name}.yaml"),
+                      f"no {kind} named {name!r} (known: {', '.join(known) or 'none'})")
+
+
+def recipe_path(name: str, root: Path | None = None) -> Path:
+    return _find("recipe", name, (root or Path.cwd()) / "recipes", builtin_recipes_dir())
+
+
+def platform_path(name: str, root: Path | None = None) -> Path:
+    return _find("platform", name, (root or Path.cwd()) / "recipes" / "platforms",
+                 builtin_recipes_dir() / "platforms")
+
+
+def _build(cls: Any, name: str, data: Mapping[str, Any]) -> Any:
+    known = {f.name for f in fields(cls)}
+    kwargs = {k: (tuple(x) if isinstance(x, list) else x) for k, x in data.items()
+              if k in known and x is not None}
+    return cls(name=name, **kwargs)
+
+
+def load_recipe(name: str, root: Path | None = None) -> Recipe:
+    path = recipe_path(name, root)
+    data, lines = load_mapping(path, "recipe")
+    check(data, RECIPE_SCHEMA, path, lines)
+    recipe: Recipe = _build(Recipe, name, data)
+    return recipe
+
+
+def load_platform(name: str, root: Path | None = None) -> Platform:
+    path = platform_path(name, root)
+    data, lines = load_mapping(path, "platform")
+    check(data, PLATFORM_SCHEMA, path, lines)
+    detect = data.pop("detect", None) or {}
+    platform: Platform = _build(Platform, name, data)
+    return replace(platform, detect=Detect(**{k: tuple(x or ()) for k, x in detect.items()}))
+
+
+def all_platforms(root: Path | None = None) -> tuple[Platform, ...]:
+    names = set()
+    for d in ((root or Path.cwd()) / "recipes" / "platforms", builtin_recipes_dir() / "platforms"):
+        if d.is_dir():
+            names.update(p.stem for p in d.glob("*.yaml"))
+    return tuple(load_platform(n, root) for n in sorted(names))

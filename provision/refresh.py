@@ -1,0 +1,111 @@
+"""Refresh the torch part of the compatibility data from a live PyTorch index, and diff it.
+
+Reads ``<index>/<variant>/torch/`` for every known variant (PEP 691 JSON when the server offers
+it, else PEP 503 HTML), keeps Linux x86_64 CPython wheels, and compares the (release, variant,
+python) sets with ``compat.yaml``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from urllib.parse import unquote
+
+from packaging.version import InvalidVersion, Version
+
+from .compat import CompatData, dotted
+from .errors import ProvisionError
+
+WHEEL_RE = re.compile(r"^torch-(?P<ver>[^-]+?)(?:\+(?P<local>[a-z0-9.]+))?-(?P<py>cp\d+)-"
+                      r"(?P<abi>cp\d+t?)-(?P<plat>[^/]*linux[^/]*x86_64)\.whl$")
+PEP691 = "application/vnd.pypi.simple.v1+json"
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            href = dict(attrs).get("href") or ""
+            self.files.append(unquote(href.split("#", 1)[0].rsplit("/", 1)[-1]))
+
+
+def list_files(url: str, timeout: float = 30) -> list[str]:
+    """Wheel file names on one PEP 691/503 project page (empty when the page is absent)."""
+    req = urllib.request.Request(url, headers={"Accept": f"{PEP691}, text/html;q=0.1"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read().decode("utf-8", "replace")
+            ctype = resp.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return []
+        raise ProvisionError(f"{url}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, TimeoutError) as exc:
+        raise ProvisionError(f"{url}: cannot reach the index ({getattr(exc, 'reason', exc)})") from None
+    if PEP691 in ctype or body.lstrip().startswith("{"):
+        return [unquote(f["filename"]) for f in json.loads(body).get("files", [])]
+    parser = _Links()
+    parser.feed(body)
+    return parser.files
+
+
+@dataclass(frozen=True)
+class IndexDiff:
+    added: tuple[str, ...]  # "2.15.0+cu130 (python 3.10-3.14)"
+    removed: tuple[str, ...]
+    python_changed: tuple[str, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.python_changed)
+
+    def lines(self) -> list[str]:
+        return ([f"+ {a}" for a in self.added] + [f"- {r}" for r in self.removed]
+                + [f"~ {p}" for p in self.python_changed])
+
+
+def scan_index(base: str, variants: list[str]) -> dict[tuple[str, str], set[str]]:
+    """(release, variant) -> python versions ("3.11") with a Linux x86_64 wheel."""
+    found: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for variant in variants:
+        for name in list_files(f"{base.rstrip('/')}/{variant}/torch/"):
+            m = WHEEL_RE.match(name)
+            if not m or m.group("abi").endswith("t"):
+                continue  # free-threaded builds are not chosen automatically
+            try:
+                Version(m.group("ver"))
+            except InvalidVersion:
+                continue
+            if (m.group("local") or variant) != variant or ".dev" in m.group("ver"):
+                continue
+            py = m.group("py")[2:]
+            found[(m.group("ver"), variant)].add(f"{py[0]}.{py[1:]}")
+    return found
+
+
+def diff_index(data: CompatData, found: dict[tuple[str, str], set[str]],
+               variants: list[str]) -> IndexDiff:
+    known = {(str(r.version), v): r for r in data.releases for v in [*r.variants, "cpu"]}
+    added, removed, changed = [], [], []
+    for key in sorted(found, key=lambda k: (Version(k[0]), k[1])):
+        pys = sorted(found[key], key=dotted)
+        span = f"python {pys[0]}-{pys[-1]}"
+        if key not in known:
+            added.append(f"{key[0]}+{key[1]} ({span})")
+        else:
+            r = known[key]
+            lo, hi = ".".join(map(str, r.python[0])), ".".join(map(str, r.python[1]))
+            if (pys[0], pys[-1]) != (lo, hi):
+                changed.append(f"{key[0]}+{key[1]}: data says python {lo}-{hi}, index has {span}")
+    for key in sorted(known, key=lambda k: (known[k].version, k[1])):
+        if key[1] in variants and key not in found:
+            removed.append(f"{key[0]}+{key[1]} (in the data, not on the index)")
+    return IndexDiff(tuple(added), tuple(removed), tuple(changed))

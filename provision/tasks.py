@@ -1,0 +1,185 @@
+"""Fabric tasks: wiring only (resolve the host, call the modules, print). No decisions here."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fabric import Connection, task
+from invoke import Context
+from invoke.exceptions import Exit
+
+from . import output
+from .compat import choose_torch, load_compat
+from .connection import connect, forget_pin, known_hosts_path
+from .errors import ProvisionError
+from .executor import Executor
+from .facts.host import HostFacts
+from .gather import gather
+from .inventory import Target, resolve_target, settings_for
+from .plan import make_plan
+from .recipes import all_platforms, load_platform
+from .refresh import diff_index, scan_index
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reports_errors(fn: F) -> F:
+    """Show a ProvisionError as its one-line message and exit with its code (no traceback)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ProvisionError as exc:
+            raise Exit(f"error: {exc}", code=exc.exit_code) from None
+    return wrapper  # type: ignore[return-value]
+
+
+def target_of(c: Context) -> Target:
+    if not isinstance(c, Connection):
+        raise ProvisionError("this task needs a host: -H <inventory name | user@host:port>")
+    return resolve_target(c.original_host)
+
+
+def _notify(msg: str) -> None:
+    output.err_console.print(f"[cyan]{msg}[/]")
+
+
+@contextmanager
+def session(c: Context, step: str = "run") -> Iterator[tuple[Target, Executor]]:
+    target = target_of(c)
+    conn = connect(target, notify=_notify)
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    safe = target.name.replace("/", "_").replace(":", "_")
+    try:
+        yield target, Executor(conn, target.name, log_dir=Path("logs") / safe / run_id)
+    finally:
+        conn.close()
+
+
+def _facts(target: Target, ex: Executor) -> HostFacts:
+    data_dir = target.settings.get("data_dir")
+    platforms = all_platforms()
+    dirs = {p.data_dir for p in platforms if p.data_dir} | ({data_dir} if data_dir else set())
+    return gather(ex, platforms, tuple(sorted(dirs)))
+
+
+@task(help={"json": "print the facts as one JSON object"})
+@reports_errors
+def facts(c: Context, json_: bool = False) -> None:
+    """Gather the host's facts in ONE remote execution and show them (changes nothing).
+
+    Example: gpu-provision -H root@203.0.113.10:22 facts --json
+    """
+    with session(c) as (target, ex):
+        f = _facts(target, ex)
+    if json_:
+        output.print_json(f.as_json())
+    else:
+        output.facts_table(target.name, f)
+
+
+@task(help={"json": "print the plan as JSON", "python": "env Python, e.g. 3.11",
+            "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'", "recipe": "recipe name",
+            "platform": "platform profile name", "cuda_compat": "strict (default) or minor",
+            "env_name": "conda env name"})
+@reports_errors
+def plan(c: Context, json_: bool = False, python: str | None = None, torch: str | None = None,
+         recipe: str | None = None, platform: str | None = None, cuda_compat: str | None = None,
+         env_name: str | None = None) -> None:
+    """Show every decision bootstrap would take, with its reason. A true dry run.
+
+    Example: gpu-provision -H my-4090 plan --torch 2.5
+    """
+    cli = {"python": python, "torch": torch, "recipe": recipe, "platform": platform,
+           "cuda_compat": cuda_compat, "env_name": env_name}
+    from . import validators as v
+    for key, check in (("python", v.python_version), ("torch", v.torch_spec),
+                       ("env_name", v.name), ("cuda_compat", v.one_of("strict", "minor"))):
+        value = cli[key]
+        problem = check(value) if value is not None else None
+        if problem:
+            raise ProvisionError(f"--{key.replace('_', '-')}: {problem}")
+    with session(c) as (target, ex):
+        f = _facts(target, ex)
+    settings = settings_for(target, f.platform, cli)
+    p = make_plan(target.name, f, settings, load_platform(settings.platform))
+    if json_:
+        output.print_json(p.as_json())
+    else:
+        output.plan_table(p)
+
+
+@task(help={"driver": "NVIDIA driver version, e.g. 550.54.14 (omit: no GPU)",
+            "compute_cap": "compute capability per GPU, comma separated: 8.6,12.0",
+            "python": "Python version of the env (default 3.11)",
+            "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6' (default newest)",
+            "cuda_compat": "strict (default) or minor (NVIDIA minor-version compatibility)",
+            "glibc": "the host's glibc, e.g. 2.17 on CentOS 7",
+            "index": "PyTorch index prefix holding <variant>/ (a mirror)",
+            "json": "print one JSON object"})
+@reports_errors
+def pick(c: Context, driver: str | None = None, compute_cap: str | None = None,
+         python: str = "3.11", torch: str | None = None, cuda_compat: str = "strict",
+         glibc: str | None = None, index: str | None = None, json_: bool = False) -> None:
+    """Offline: which torch wheel fits this driver, GPU and Python (exit 2 when none does).
+
+    Example: gpu-provision pick --driver 550.54.14 --compute-cap 8.9 --python 3.10 --json
+    """
+    caps = [x for x in (compute_cap or "").split(",") if x.strip()]
+    if caps and not driver:
+        raise ProvisionError("--compute-cap given without --driver: a GPU needs a driver "
+                             "(omit both for a host without a GPU)")
+    choice = choose_torch(driver=driver, compute_caps=caps, python=python, torch=torch,
+                          cuda_compat=cuda_compat, glibc=glibc, index=index)
+    if json_:
+        output.print_json(choice.as_json())
+    else:
+        output.choice_text(choice)
+
+
+@task(name="refresh-compat", help={"index": "PyTorch index prefix (default pytorch.org)",
+                                   "json": "print the diff as JSON"})
+@reports_errors
+def refresh_compat(c: Context, index: str | None = None, json_: bool = False) -> None:
+    """Read the live PyTorch index and print how it differs from the shipped wheel data.
+
+    Example: gpu-provision refresh-compat --index https://download.pytorch.org/whl
+    """
+    data = load_compat()
+    variants = sorted(data.variant_cuda) + ["cpu"]
+    found = scan_index(index or data.default_index, variants)
+    diff = diff_index(data, found, variants)
+    if json_:
+        output.print_json({"added": diff.added, "removed": diff.removed,
+                           "python_changed": diff.python_changed})
+    elif diff.empty:
+        output.console.print("the wheel data matches the index")
+    else:
+        for line in diff.lines():
+            output.console.print(line)
+
+
+@task(help={})
+@reports_errors
+def repin(c: Context) -> None:
+    """Accept the host's current SSH key, replacing the pinned one (after a rebuild or reuse).
+
+    Example: gpu-provision -H root@203.0.113.10:2222 repin
+    """
+    target = target_of(c)
+    connect(target, notify=_notify, replace_key=True).close()
+
+
+@task(name="forget-host-key")
+@reports_errors
+def forget_host_key(c: Context) -> None:
+    """Remove the host's pinned SSH key from our known_hosts file."""
+    target = target_of(c)
+    found = forget_pin(target)
+    output.console.print(f"{target.pin_name}: {'forgotten' if found else 'was not pinned'} "
+                         f"({known_hosts_path()})")

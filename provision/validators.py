@@ -1,0 +1,89 @@
+"""Value checks shared by every YAML file and the command line (they return an error text)."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlparse
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?"
+                        r"([<>=!~]=?[A-Za-z0-9.*+!]+(,[<>=!~]=?[A-Za-z0-9.*+!]+)*)?$")
+
+
+def name(value: str) -> str | None:
+    if not NAME_RE.match(value):
+        return (f"{value!r} is not a valid name: use letters, digits, '.', '_' or '-' "
+                "(no spaces or slashes), at most 64 characters")
+    return None
+
+
+def python_version(value: str) -> str | None:
+    if not re.fullmatch(r"3\.\d{1,2}", value):
+        return f"{value!r} is not a Python version: use major.minor, e.g. \"3.11\""
+    return None
+
+
+def url(value: str) -> str | None:
+    p = urlparse(value)
+    if p.scheme not in ("http", "https") or not p.netloc or any(c.isspace() for c in value) \
+            or any(c in value for c in "'\"`$;\\"):
+        return f"{value!r} is not an http(s) URL"
+    return None
+
+
+def urls(values: list[str]) -> str | None:
+    for v in values:
+        problem = url(v)
+        if problem:
+            return problem
+    return None
+
+
+def torch_spec(value: str) -> str | None:
+    v = value.strip()
+    if re.fullmatch(r"\d+(\.\d+){0,2}", v):
+        return None
+    try:
+        SpecifierSet(v)
+    except InvalidSpecifier:
+        return (f"{value!r} is not a torch spec: use 2.5 (any 2.5.x), 2.5.1 (exact) or a "
+                "PEP 440 range such as >=2.4,<2.6")
+    return None
+
+
+def packages(values: list[str]) -> str | None:
+    for v in values:
+        if not PACKAGE_RE.match(v):
+            return (f"{v!r} is not a pip requirement this tool accepts: name[extras] and "
+                    "version specifiers only, e.g. ultralytics>=8.3")
+    return None
+
+
+def one_of(*choices: str):  # type: ignore[no-untyped-def]
+    def check(value: str) -> str | None:
+        return None if value in choices else f"{value!r} must be one of: {', '.join(choices)}"
+    return check
+
+
+def port(value: int) -> str | None:
+    return None if 1 <= value <= 65535 else f"{value} is not a TCP port (1..65535)"
+
+
+def abs_path(value: str) -> str | None:
+    if not value.startswith(("/", "~")) or "\n" in value or "\x00" in value:
+        return f"{value!r} must be an absolute path (or start with ~)"
+    return None
+
+
+def env_var(value: str) -> str | None:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        return f"{value!r} is not an environment variable name"
+    return None
+
+
+def gpu_claim(value: str) -> str | None:
+    if not re.fullmatch(r".*\S( x\s*\d+)?", value):
+        return f"{value!r}: write the advertised GPU as 'RTX 4090 x1'"
+    return None
