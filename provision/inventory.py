@@ -59,7 +59,7 @@ class Target:
     @property
     def pin_name(self) -> str:
         """The known_hosts name its host key is pinned under: the inventory entry or host:port."""
-        return f"inventory:{self.name}" if self.source else f"[{self.host}]:{self.port}"
+        return f"inventory:{self.source.resolve()}" if self.source else f"[{self.host}]:{self.port}"
 
 
 def inventory_dirs() -> list[Path]:

@@ -1,0 +1,1 @@
+"""Sandbox hosts (real sshd in mount namespaces) and the local mirror; see harness.py."""

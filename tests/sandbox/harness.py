@@ -1,0 +1,412 @@
+"""Start and stop sandbox hosts: real OpenSSH servers on 127.0.0.x, one mount namespace each.
+
+Everything a host changes lands in its own overlay upper dir under ``$GPU_SANDBOX_DIR``
+(default ``/tmp/gpu-sandbox``); only the GPU, the driver, reboot and foreign package tools are
+stand-ins (``standin.py``). Needs root, ``unshare`` and Debian's openssh-server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+PROFILES = HERE / "profiles"
+SSHD = "/usr/sbin/sshd"
+HIDE_ALWAYS = ("/etc/pip.conf", "/etc/xdg/pip")
+
+STANDINS_ALWAYS = ("lspci", "lsmod", "modprobe", "reboot", "shutdown", "systemd-detect-virt")
+STANDINS_BY_TOOLS = {
+    "apt": ("apt-get", "apt", "dpkg-query", "apt-mark", "ubuntu-drivers"),
+    "yum": ("yum", "dnf", "rpm"),
+    "none": (),
+}
+
+
+def sandbox_dir() -> Path:
+    return Path(os.environ.get("GPU_SANDBOX_DIR", "/tmp/gpu-sandbox"))
+
+
+def why_unavailable() -> str | None:
+    """None when sandbox hosts can run here, else the reason (tests skip with it)."""
+    if sys.platform != "linux":
+        return "sandbox hosts need Linux"
+    if os.geteuid() != 0:
+        return "sandbox hosts need root (mount namespaces, overlayfs, chroot)"
+    if not Path(SSHD).exists():
+        return f"{SSHD} missing: apt-get install openssh-server"
+    for tool in ("unshare", "ssh-keygen", "nsenter"):
+        if not shutil.which(tool):
+            return f"{tool} missing"
+    probe = subprocess.run(["unshare", "--mount", "--uts", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return f"cannot create mount namespaces: {probe.stderr.decode().strip()}"
+    return None
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    id: str
+    profile: str
+    host: str
+    port: int
+    user: str
+    key: str
+    inventory: str
+    root: str
+    mirror: dict[str, str]
+    pid: int
+
+    @property
+    def lib(self) -> Path:
+        """The host's /var/lib/gpu-sandbox as seen from outside (its upper dir)."""
+        return Path(self.root) / "upper/var/lib/gpu-sandbox"
+
+    def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
+        """The stand-in calls recorded so far (optionally of one tool)."""
+        log = self.lib / "calls.log"
+        rows = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+        return [r for r in rows if tool is None or r["tool"] == tool]
+
+    def state(self) -> dict[str, Any]:
+        return json.loads((self.lib / "state.json").read_text())  # type: ignore[no-any-return]
+
+    def sessions(self) -> list[str]:
+        """sshd's log of sessions: one 'Starting session: command ...' line per remote exec."""
+        log = Path(self.root) / "upper/var/log/gpu-sandbox-sshd.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return [ln for ln in text.splitlines() if "Starting session:" in ln]
+
+    def path(self, inside: str) -> Path:
+        """A path of the host's file system, as it lies on this machine (for checks)."""
+        root = Path(self.root)
+        for src, dst in host_binds(root):
+            if inside == dst or inside.startswith(dst.rstrip("/") + "/"):
+                return root / src / inside[len(dst):].lstrip("/")
+        return root / "upper" / inside.lstrip("/")
+
+
+def host_binds(root: Path) -> list[tuple[str, str]]:
+    spec = json.loads((root / "host.json").read_text())
+    return [tuple(b) for b in spec["binds"]]  # type: ignore[misc]
+
+
+def load_profile(name: str) -> dict[str, Any]:
+    path = PROFILES / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in PROFILES.glob("*.yaml")))
+        raise SystemExit(f"no sandbox profile {name!r} (known: {known})")
+    return yaml.safe_load(path.read_text())  # type: ignore[no-any-return]
+
+
+def profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES.glob("*.yaml"))
+
+
+def client_key() -> Path:
+    key = sandbox_dir() / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpu-sandbox",
+                        "-f", str(key)], check=True)
+    return key
+
+
+def _free_port(ip: str, start: int) -> int:
+    for port in range(start, start + 2000):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((ip, port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError(f"no free port on {ip}")
+
+
+def _gpu_rows(profile: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Rows the nvidia-smi stand-in answers --query-gpu with, from the profile's captures."""
+    sys.path.insert(0, str(REPO))
+    from provision.facts.host import _cc_from_name
+    from provision.facts.nvidia import parse_q, parse_table
+    gpu = profile["gpu"]
+    if gpu.get("query_csv"):
+        lines = (FIXTURES / gpu["query_csv"]).read_text().splitlines()
+        header = [h.strip() for h in lines[0].split(", ")]
+        names = [h.split(" [")[0] for h in header]
+        rows = [dict(zip(names, (c.strip() for c in ln.split(", ")))) for ln in lines[1:] if ln]
+        return rows, {n: h for n, h in zip(names, header) if n != h}
+    text = (FIXTURES / gpu.get("q", gpu["table"])).read_text()
+    _, gpus = parse_q(text) if gpu.get("q") else parse_table(text)
+    rows = []
+    for g in gpus:
+        rows.append({"index": g.index, "name": g.name, "memory.total": f"{g.memory_total_mib} MiB",
+                     "memory.used": f"{g.memory_used_mib} MiB",
+                     "compute_cap": _cc_from_name(g.name) or "[N/A]",
+                     "utilization.gpu": f"{g.utilization_pct} %",
+                     "pci.bus_id": g.bus_id or "[N/A]", "uuid": g.uuid or "[N/A]"})
+    units = {"memory.total": "memory.total [MiB]", "memory.used": "memory.used [MiB]",
+             "utilization.gpu": "utilization.gpu [%]"}
+    return rows, units
+
+
+def _driver_cuda() -> dict[str, str]:
+    sys.path.insert(0, str(REPO))
+    from provision.compat import dotted, load_compat
+    from .standin import BRANCH_VERSION
+    data = load_compat()
+    out = {}
+    for v in BRANCH_VERSION.values():
+        mx = data.max_cuda_for_driver(dotted(v))
+        out[v] = ".".join(map(str, mx[:2])) if mx else ""
+    return out
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], ip: str, port: int,
+             password: str | None) -> dict[str, Any]:
+    for d in ("upper", "work", "merged", "home", "opt", "tmp"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    (root / "home").chmod(0o700)
+    up = root / "upper"
+    lib = up / "var/lib/gpu-sandbox"
+    (lib / "fixtures").mkdir(parents=True, exist_ok=True)
+
+    # os-release (both the /etc link and its target), hidden container markers
+    osr = (FIXTURES / profile["os_release"]).read_text()
+    _write(up / "etc/os-release", osr)
+    _write(up / "usr/lib/os-release", osr)
+    # the machine's own pip settings point at its local indexes: a host must not see them
+    for hidden in [*profile.get("hide", []), *HIDE_ALWAYS]:
+        target = up / hidden.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(target, 0o600 | 0o020000, os.makedev(0, 0))  # overlayfs whiteout
+
+    # stand-ins
+    standin = up / "usr/local/lib/gpu-sandbox/standin.py"
+    standin.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE / "standin.py", standin)
+    standin.chmod(0o755)
+    tools = STANDINS_ALWAYS + STANDINS_BY_TOOLS[profile.get("package_tools", "apt")]
+    for tool in tools:
+        link = up / "usr/local/bin" / tool
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to("/usr/local/lib/gpu-sandbox/standin.py")
+    if profile.get("glibc"):  # a distro older than this machine: getconf tells its glibc
+        _write(up / "usr/local/bin/getconf",
+               f'#!/bin/sh\n[ "$1" = GNU_LIBC_VERSION ] && {{ echo "glibc {profile["glibc"]}"; '
+               'exit 0; }\nexec /usr/bin/getconf "$@"\n', 0o755)
+
+    # GPU state
+    state: dict[str, Any] = {"virt": profile.get("virt", "kvm"), "nouveau": bool(profile.get("nouveau")),
+                             "failure": profile.get("failure"), "boots": 0,
+                             "driver": {"installed": profile.get("driver"),
+                                        "loaded": profile.get("driver"), "packages": []},
+                             "held": [], "packages": [], "processes": profile.get("processes", [])}
+    if profile.get("failure_fixture"):
+        state["failure_fixture"] = Path(profile["failure_fixture"]).name
+        shutil.copy(FIXTURES / profile["failure_fixture"], lib / "fixtures")
+    shutil.copy(FIXTURES / "nvidia-smi/fail-query-compute-cap-invalid-field.txt", lib / "fixtures")
+    if profile.get("lspci"):
+        lines = (FIXTURES / profile["lspci"]).read_text().splitlines(keepends=True)
+        n = profile.get("lspci_lines")
+        (lib / "fixtures/lspci.txt").write_text("".join(lines[:n] if n else lines))
+        state["lspci"] = "lspci.txt"
+    if profile.get("gpu"):
+        gpu = profile["gpu"]
+        rows, units = _gpu_rows(profile)
+        fx = {}
+        for key in ("table", "q", "qx", "list", "version"):
+            if gpu.get(key):
+                shutil.copy(FIXTURES / gpu[key], lib / "fixtures")
+                fx[key] = Path(gpu[key]).name
+        state["gpu"] = {"captured_driver": gpu["captured_driver"],
+                        "captured_cuda": gpu.get("captured_cuda"), "fixtures": fx, "rows": rows,
+                        "units": units, "no_compute_cap": bool(gpu.get("no_compute_cap"))}
+        state["driver_cuda"] = _driver_cuda()
+        if profile.get("driver"):
+            nvsmi = up / "usr/bin/nvidia-smi"
+            nvsmi.parent.mkdir(parents=True, exist_ok=True)
+            nvsmi.symlink_to("/usr/local/lib/gpu-sandbox/standin.py")
+    _write(lib / "state.json", json.dumps(state, indent=1))
+    _write(lib / "calls.log", "")
+
+    # sshd
+    etc = up / "etc/gpu-sandbox"
+    etc.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", hid,
+                    "-f", str(etc / "ssh_host_ed25519_key")], check=True)
+    _write(etc / "sshd_config", "\n".join([
+        f"ListenAddress {ip}:{port}", "HostKey /etc/gpu-sandbox/ssh_host_ed25519_key",
+        "PidFile none", "PermitRootLogin yes", "UsePAM no", "StrictModes no",
+        f"PasswordAuthentication {'yes' if password else 'no'}",
+        "KbdInteractiveAuthentication no", "AuthorizedKeysFile .ssh/authorized_keys",
+        "LogLevel VERBOSE", "Subsystem sftp internal-sftp", "PrintMotd no", "PrintLastLog no",
+        "MaxStartups 100:30:200", "MaxSessions 50", ""]))
+    (up / "run/sshd").mkdir(parents=True, exist_ok=True)
+    (up / "var/log").mkdir(parents=True, exist_ok=True)
+    pub = client_key().with_suffix(".pub").read_text()
+    _write(root / "home/.ssh/authorized_keys", pub, 0o600)
+    (root / "home/.ssh").chmod(0o700)
+    if password:
+        _set_password(up, password)
+
+    binds = [["home", "/root"], ["opt", "/opt"], ["tmp", "/tmp"]]
+    for i, d in enumerate(profile.get("dirs", [])):
+        (root / f"data{i}").mkdir(exist_ok=True)
+        binds.append([f"data{i}", d])
+    (root / "boot_id").write_text(str(uuid.uuid4()) + "\n")
+    spec = {"id": hid, "profile": profile_name, "binds": binds,
+            "hostname": profile.get("hostname", hid)}
+    _write(root / "host.json", json.dumps(spec, indent=1))
+    return spec
+
+
+def _set_password(upper: Path, password: str) -> None:
+    hashed = subprocess.run(["openssl", "passwd", "-6", password], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    shadow = Path("/etc/shadow").read_text().splitlines()
+    out = [f"root:{hashed}:" + ":".join(ln.split(":")[2:]) if ln.startswith("root:") else ln
+           for ln in shadow]
+    _write(upper / "etc/shadow", "\n".join(out) + "\n", 0o640)
+
+
+def _wait_ssh(ip: str, port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((ip, port), timeout=1) as s:
+                if s.recv(4).startswith(b"SSH-"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"sshd on {ip}:{port} did not come up in {timeout}s")
+
+
+def in_host(info: HostInfo, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a command inside the host's namespace and chroot (not over SSH: setup only)."""
+    return subprocess.run(["nsenter", "--mount", "--uts", "-t", str(info.pid), "chroot",
+                           str(Path(info.root) / "merged"), *argv], capture_output=True,
+                          text=True, check=check)
+
+
+def start(profile_name: str, password: str | None = None) -> HostInfo:
+    """Start one sandbox host of ``profile_name`` (and the mirror, if not running)."""
+    from . import mirror
+    problem = why_unavailable()
+    if problem:
+        raise SystemExit(f"sandbox unavailable: {problem}")
+    profile = load_profile(profile_name)
+    base = sandbox_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    mir = mirror.ensure()
+    n = 1
+    while (base / "hosts" / f"{profile_name}-{n}").exists():
+        n += 1
+    hid = f"{profile_name}-{n}"
+    root = base / "hosts" / hid
+    used = {json.loads((p / "info.json").read_text())["host"]
+            for p in (base / "hosts").glob("*") if (p / "info.json").exists()}
+    ip = next(f"127.0.0.{i}" for i in range(10, 250) if f"127.0.0.{i}" not in used)
+    port = _free_port(ip, 2222)
+    root.mkdir(parents=True)
+    _prepare(root, hid, profile_name, profile, ip, port, password)
+    log = open(root / "hostd.log", "ab")
+    proc = subprocess.Popen(["unshare", "--mount", "--uts", "--propagation", "private",
+                             sys.executable, str(HERE / "hostd.py"), str(root)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                            start_new_session=True)
+    (root / "hostd.pid").write_text(str(proc.pid))
+    deadline = time.monotonic() + 20
+    while not (root / "ready").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"sandbox host {hid} failed to start: "
+                               f"{(root / 'hostd.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+    hostd_pid = int((root / "ready").read_text())
+    _wait_ssh(ip, port)
+    key = str(client_key())
+    inv = root / "inventory.yaml"
+    info = HostInfo(id=hid, profile=profile_name, host=ip, port=port, user="root", key=key,
+                    inventory=str(inv), root=str(root), mirror=mir, pid=hostd_pid)
+    inv.write_text(yaml.safe_dump({
+        "host": ip, "port": port, "user": "root", "key": key,
+        "notes": f"sandbox host {hid} ({profile['description'].strip()})",
+        "mirrors": {"miniconda": mir["miniconda"], "pypi": mir["pypi"],
+                    "pytorch": mir["pytorch"], "conda_channels": [mir["conda"]]},
+    }, sort_keys=False))
+    (root / "info.json").write_text(json.dumps(asdict(info), indent=1))
+    if profile.get("conda_prefix"):
+        mirror.preinstall_conda(info, profile["conda_prefix"])
+    return info
+
+
+def running() -> list[HostInfo]:
+    hosts = sandbox_dir() / "hosts"
+    out = []
+    for p in sorted(hosts.glob("*")) if hosts.exists() else []:
+        if (p / "info.json").exists():
+            out.append(HostInfo(**json.loads((p / "info.json").read_text())))
+    return out
+
+
+def stop(hid: str) -> None:
+    """Stop one host, everything it started, and remove its files."""
+    root = sandbox_dir() / "hosts" / hid
+    if not root.exists():
+        raise SystemExit(f"no sandbox host {hid!r}")
+    pid_file = root / "hostd.pid"
+    if pid_file.exists():
+        pid = int(pid_file.read_text())
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+                time.sleep(0.05)
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            except ProcessLookupError:
+                break
+        else:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def stop_all() -> None:
+    from . import mirror
+    for info in running():
+        stop(info.id)
+    hosts = sandbox_dir() / "hosts"
+    if hosts.exists():
+        for p in hosts.iterdir():
+            stop(p.name)
+    mirror.stop()

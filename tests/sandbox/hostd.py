@@ -1,0 +1,119 @@
+"""The supervisor of one sandbox host; runs inside its own mount namespace (``unshare -m``).
+
+It mounts an overlayfs of / with the host's upper dir, binds the host's own /root, /opt, /tmp,
+data dirs and boot id over it, then runs Debian's real sshd chrooted into that view. A reboot
+request from the ``reboot`` stand-in stops every process of the host, gives it a new boot id,
+loads the driver that was installed, and starts sshd again a few seconds later.
+
+Usage: unshare --mount --uts --propagation private python3 hostd.py HOST_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REBOOT_DELAY = float(os.environ.get("GPU_SANDBOX_REBOOT_DELAY", "3"))
+
+
+def sh(*argv: str) -> None:
+    subprocess.run(argv, check=True)
+
+
+class Host:
+    def __init__(self, root: Path):
+        self.root = root
+        self.spec = json.loads((root / "host.json").read_text())
+        self.merged = root / "merged"
+        self.lib = root / "upper/var/lib/gpu-sandbox"
+        self.sshd: subprocess.Popen[bytes] | None = None
+        self.stopping = False
+
+    def mount(self) -> None:
+        r, m = self.root, self.merged
+        sh("mount", "-t", "overlay", "overlay", "-o",
+           f"lowerdir=/,upperdir={r}/upper,workdir={r}/work", str(m))
+        for sub in ("proc", "dev", "sys"):
+            sh("mount", "--rbind", f"/{sub}", str(m / sub))
+        sh("mount", "--make-rslave", str(m / "sys"))
+        for src, dst in self.spec["binds"]:
+            (m / dst.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            sh("mount", "--bind", str(r / src), str(m / dst.lstrip("/")))
+        sh("mount", "--bind", str(r / "boot_id"), str(m / "proc/sys/kernel/random/boot_id"))
+        sh("hostname", self.spec["hostname"])  # our own UTS namespace (unshare --uts)
+
+    def start_sshd(self) -> None:
+        self.sshd = subprocess.Popen(
+            ["chroot", str(self.merged), "/usr/sbin/sshd", "-D", "-f",
+             "/etc/gpu-sandbox/sshd_config", "-E", "/var/log/gpu-sandbox-sshd.log"],
+            stdin=subprocess.DEVNULL)
+        (self.root / "sshd.pid").write_text(str(self.sshd.pid))
+
+    def host_pids(self) -> list[int]:
+        """Every process whose root is this host's view (sshd, sessions, detached jobs)."""
+        pids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) != os.getpid():
+                try:
+                    if os.readlink(d / "root") == str(self.merged):
+                        pids.append(int(d.name))
+                except OSError:
+                    continue
+        return pids
+
+    def kill_all(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self.host_pids():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 3
+            while self.host_pids() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if self.sshd:
+            self.sshd.wait()
+
+    def reboot(self) -> None:
+        (self.lib / "reboot-request").unlink()
+        self.kill_all()
+        state_path = self.lib / "state.json"
+        st = json.loads(state_path.read_text())
+        st["driver"]["loaded"] = st["driver"]["installed"]
+        blacklisted = any("blacklist nouveau" in p.read_text(errors="replace")
+                          for p in (self.root / "upper/etc/modprobe.d").glob("*")
+                          if p.is_file()) if (self.root / "upper/etc/modprobe.d").is_dir() else False
+        if blacklisted:
+            st["nouveau"] = False
+        st["boots"] = st.get("boots", 0) + 1
+        state_path.write_text(json.dumps(st, indent=1))
+        (self.root / "boot_id").write_text(str(uuid.uuid4()) + "\n")
+        with (self.lib / "reboots.log").open("a") as f:
+            f.write(f"{time.time()}\n")
+        time.sleep(REBOOT_DELAY)
+        if not self.stopping:
+            self.start_sshd()
+
+    def run(self) -> None:
+        def stop(*_: object) -> None:
+            self.stopping = True
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self.mount()
+        self.start_sshd()
+        (self.root / "ready").write_text(str(os.getpid()))
+        while not self.stopping:
+            if (self.lib / "reboot-request").exists():
+                self.reboot()
+            time.sleep(0.1)
+        self.kill_all()
+
+
+if __name__ == "__main__":
+    Host(Path(sys.argv[1]).resolve()).run()

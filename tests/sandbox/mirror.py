@@ -1,0 +1,311 @@
+"""The local mirror: a real HTTP server on 127.0.0.1 serving what provisioning downloads.
+
+- ``/miniconda/``: a Miniconda-compatible test installer (``miniconda_installer.sh``) and an
+  index page listing each file with its sha256, laid out like repo.anaconda.com/miniconda/;
+- ``/pytorch/<variant>/``: PEP 503 indexes like download.pytorch.org/whl/<variant>/ - ``cpu``
+  holds the real CPU wheel of torch 2.13.0 from pip's find-links folder, ``cu130`` the real CUDA
+  13.0 build of torch 2.14.1 and torchvision 0.29.1 from the local file index; every other
+  project (torch's dependencies, the nvidia-* wheels) comes from the local file indexes;
+- ``/pypi/simple/``: the local file indexes as a PyPI mirror;
+- ``/conda/``: an (empty) channel URL for ``.condarc``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from functools import cache
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+HERE = Path(__file__).resolve().parent
+MINICONDA_VERSION = "py311_25.1.1-2"
+INSTALLER = f"Miniconda3-{MINICONDA_VERSION}-Linux-x86_64.sh"
+TORCH_PROJECTS = ("torch", "torchvision", "torchaudio")
+# variant -> (project -> version served), taken from what lies on this machine
+_HASHES: dict[str, str] = {}
+VARIANTS = {"cpu": {"torch": "2.13.0"}, "cu130": {"torch": "2.14.1", "torchvision": "0.29.1"}}
+
+
+def _pip_config() -> tuple[list[Path], list[Path]]:
+    """(PEP 503 index roots, find-links folders) from this machine's pip configuration."""
+    env_idx = os.environ.get("GPU_SANDBOX_INDEXES")
+    env_links = os.environ.get("GPU_SANDBOX_FIND_LINKS")
+    if env_idx is not None or env_links is not None:
+        return ([Path(p) for p in (env_idx or "").split(os.pathsep) if p],
+                [Path(p) for p in (env_links or "").split(os.pathsep) if p])
+    out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
+                         text=True).stdout
+    indexes: list[Path] = []
+    links: list[Path] = []
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        value = value.strip().strip("'")
+        if key.endswith(("extra-index-url", "index-url")):
+            indexes += [Path(urlparse(u).path) for u in value.split() if u.startswith("file://")]
+        elif key.endswith("find-links"):
+            links += [Path(p) for p in value.split() if p.startswith("/")]
+    return ([p for p in dict.fromkeys(indexes) if p.is_dir()],
+            [p for p in dict.fromkeys(links) if p.is_dir()])
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class Content:
+    """Maps URL paths to files; index pages are generated on request."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.indexes, self.links = _pip_config()
+        self.miniconda = root / "miniconda"
+        self.build_miniconda()
+
+    def build_miniconda(self) -> None:
+        self.miniconda.mkdir(parents=True, exist_ok=True)
+        src = (HERE / "miniconda_installer.sh").read_text()
+        for name in (INSTALLER, "Miniconda3-latest-Linux-x86_64.sh"):
+            (self.miniconda / name).write_text(src)
+        rows = []
+        for f in sorted(self.miniconda.glob("*.sh")):
+            rows.append(f"<tr><td><a href=\"{f.name}\">{f.name}</a></td><td>{f.stat().st_size}"
+                        f"</td><td>{time.strftime('%Y-%m-%d %H:%M:%S')}</td><td>{sha256(f)}</td></tr>")
+        (self.miniconda / "index.html").write_text(
+            "<html><body><table>\n<tr><th>Filename</th><th>Size</th><th>Last Modified</th>"
+            "<th>SHA256</th></tr>\n" + "\n".join(rows) + "\n</table></body></html>\n")
+
+    @cache
+    def project_links(self, project: str) -> tuple[tuple[str, str], ...]:
+        """(file name, local path) of every file of ``project`` in the local indexes."""
+        found = []
+        for i, root in enumerate(self.indexes):
+            page = root / norm(project) / "index.html"
+            if not page.exists():
+                continue
+            for href in re.findall(r'href="([^"]+)"', page.read_text()):
+                rel = unquote(href.split("#", 1)[0])
+                path = (page.parent / rel).resolve()
+                found.append((path.name, f"{i}/{path.relative_to(root.parent.resolve())}"))
+        return tuple(found)
+
+    def projects(self) -> list[str]:
+        names = set()
+        for root in self.indexes:
+            names.update(p.name for p in root.iterdir() if p.is_dir())
+        return sorted(names)
+
+    def variant_files(self, variant: str, project: str) -> list[tuple[str, str]]:
+        """Files of a torch project on a variant index: only the release this machine has."""
+        version = VARIANTS.get(variant, {}).get(project)
+        if version is None:
+            return []
+        files = []
+        for folder in self.links:
+            for f in folder.glob(f"{project}-{version}*.whl"):
+                files.append((f.name, f"links/{f.name}"))
+        if not files:
+            files = [(n, p) for n, p in self.project_links(project)
+                     if n.startswith(f"{project}-{version}-") or n.startswith(f"{project}-{version}+")]
+        return files
+
+    def local_file(self, ref: str) -> Path | None:
+        """``0/files/x.whl`` (index 0's parent) or ``links/x.whl`` -> the file on disk."""
+        head, _, rest = ref.partition("/")
+        if head == "links":
+            for folder in self.links:
+                if (folder / rest).is_file():
+                    return folder / rest
+            return None
+        if head.isdigit() and int(head) < len(self.indexes):
+            p = (self.indexes[int(head)].parent / rest).resolve()
+            if p.is_file() and self.indexes[int(head)].parent.resolve() in p.parents:
+                return p
+        return None
+
+
+def page(title: str, links: list[tuple[str, str]]) -> bytes:
+    body = "\n".join(f'<a href="{html.escape(h)}">{html.escape(t)}</a><br/>' for t, h in links)
+    return (f"<!DOCTYPE html>\n<html><head><meta name=\"pypi:repository-version\" content=\"1.0\">"
+            f"<title>{html.escape(title)}</title></head><body>\n{body}\n</body></html>\n").encode()
+
+
+class Handler(SimpleHTTPRequestHandler):
+    content: Content
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        with open(self.content.root / "access.log", "a") as f:
+            f.write(f"{self.address_string()} {fmt % args}\n")
+
+    def send_bytes(self, data: bytes, ctype: str = "text/html") -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def send_file(self, path: Path) -> None:
+        size = path.stat().st_size
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                self.wfile.write(chunk)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:  # noqa: C901 - a router
+        c = self.content
+        path = unquote(urlparse(self.path).path)
+        parts = [p for p in path.split("/") if p]
+        try:
+            if parts[:1] == ["miniconda"]:
+                f = c.miniconda / (parts[1] if len(parts) > 1 else "index.html")
+                return self.send_file(f) if f.is_file() else self.send_error(404)
+            if parts[:1] == ["files"]:
+                f = c.local_file("/".join(parts[1:]))
+                return self.send_file(f) if f else self.send_error(404)
+            if parts[:2] == ["pypi", "simple"] or (parts[:1] == ["pytorch"] and len(parts) >= 2):
+                variant = parts[1] if parts[0] == "pytorch" else None
+                if variant is not None and variant not in VARIANTS:
+                    return self.send_error(404)
+                if len(parts) == 2:
+                    return self.send_bytes(page("Simple index",
+                                                [(p, f"{p}/") for p in c.projects()]))
+                project = norm(parts[2])
+                if variant is not None and project in TORCH_PROJECTS:
+                    files = c.variant_files(variant, project)
+                else:
+                    files = list(c.project_links(project))
+                if not files:
+                    return self.send_error(404)
+                links = [(n, f"/files/{ref}#sha256={self.hash_of(ref)}") for n, ref in files]
+                return self.send_bytes(page(f"Links for {project}", links))
+            if parts[:1] == ["conda"]:
+                return self.send_bytes(b"{}", "application/json")
+            if parts[:1] == ["health"]:
+                return self.send_bytes(b"ok", "text/plain")
+            self.send_error(404)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def hash_of(self, ref: str) -> str:
+        if ref not in _HASHES:  # files do not change while the mirror runs
+            f = self.content.local_file(ref)
+            _HASHES[ref] = sha256(f) if f else ""
+        return _HASHES[ref]
+
+
+def serve(root: Path, port: int) -> None:
+    Handler.content = Content(root)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    (root / "ready").write_text(str(os.getpid()))
+    server.serve_forever()
+
+
+def _state_file() -> Path:
+    from .harness import sandbox_dir
+    return sandbox_dir() / "mirror" / "mirror.json"
+
+
+def urls(base: str) -> dict[str, str]:
+    return {"url": base, "miniconda": f"{base}/miniconda", "pytorch": f"{base}/pytorch",
+            "pypi": f"{base}/pypi/simple", "conda": f"{base}/conda"}
+
+
+def _alive(state: dict[str, Any]) -> bool:
+    try:
+        os.kill(state["pid"], 0)
+        with socket.create_connection(("127.0.0.1", state["port"]), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def ensure() -> dict[str, str]:
+    """Start the mirror unless it runs; returns its URLs."""
+    sf = _state_file()
+    if sf.exists():
+        state = json.loads(sf.read_text())
+        if _alive(state):
+            return urls(state["url"])
+    root = sf.parent
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "ready").unlink(missing_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(root / "mirror.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.sandbox.mirror", "serve", str(root),
+                             str(port)], cwd=str(HERE.parent.parent), stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (root / "ready").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"mirror failed to start: {(root / 'mirror.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+    base = f"http://127.0.0.1:{port}"
+    sf.write_text(json.dumps({"pid": proc.pid, "port": port, "url": base}))
+    return urls(base)
+
+
+def stop() -> None:
+    sf = _state_file()
+    if not sf.exists():
+        return
+    state = json.loads(sf.read_text())
+    try:
+        os.killpg(state["pid"], signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    for _ in range(100):
+        try:
+            os.kill(state["pid"], 0)
+            try:
+                os.waitpid(state["pid"], os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.05)
+        except ProcessLookupError:
+            break
+    sf.unlink()
+
+
+def preinstall_conda(info: Any, prefix: str) -> None:
+    """Run the test installer inside a host (the platform 'ships' a conda there)."""
+    from .harness import in_host
+    script = (HERE / "miniconda_installer.sh").read_text()
+    Path(info.root, "tmp", "installer.sh").write_text(script)
+    in_host(info, "bash", "/tmp/installer.sh", "-b", "-p", prefix)
+    Path(info.root, "tmp", "installer.sh").unlink()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:
+        serve(Path(sys.argv[2]), int(sys.argv[3]))
