@@ -157,7 +157,7 @@ def parse_compute_apps(text: str) -> tuple[GpuProcess, ...]:
     return tuple(out)
 
 
-_TABLE_GPU = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|")
+_TABLE_GPU = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s*\|")
 _TABLE_MEM = re.compile(r"\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|\s*(\d+|N/A)%?")
 
 
@@ -193,9 +193,7 @@ def parse_q(text: str) -> tuple[SmiHeader, tuple[Gpu, ...]]:
             continue
         key, sep, value = line.partition(":")
         k = key.strip()
-        if not sep:
-            continue
-        if not value.strip():
+        if not sep or not value.strip():
             section = k
             continue
         g = gpus[-1]
@@ -230,6 +228,26 @@ def parse_q_xml(text: str) -> tuple[SmiHeader, tuple[Gpu, ...]]:
             uuid=_na(g.findtext("uuid")),
         ))
     return header, tuple(gpus)
+
+
+@dataclass(frozen=True)
+class ListedGpu:
+    index: int
+    name: str
+    uuid: str | None
+    mig_devices: int  # MIG instances listed under it (0 when MIG is off)
+
+
+def parse_list(text: str) -> tuple[ListedGpu, ...]:
+    """``nvidia-smi -L``: one line per GPU, indented MIG device lines under it."""
+    gpus: list[ListedGpu] = []
+    for line in text.splitlines():
+        m = re.match(r"^GPU (\d+): (.+?) \(UUID: ([^)]+)\)", line)
+        if m:
+            gpus.append(ListedGpu(int(m.group(1)), m.group(2), m.group(3), 0))
+        elif re.match(r"^\s+MIG ", line) and gpus:
+            gpus[-1] = replace(gpus[-1], mig_devices=gpus[-1].mig_devices + 1)
+    return tuple(gpus)
 
 
 @dataclass(frozen=True)

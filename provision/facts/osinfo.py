@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 # Package-manager family by os-release ID / ID_LIKE words, most specific first.
 _FAMILIES = (("debian", "apt"), ("ubuntu", "apt"), ("rhel", "yum"), ("centos", "yum"),
-             ("fedora", "yum"), ("amzn", "yum"), ("suse", "zypper"), ("arch", "pacman"))
+             ("fedora", "yum"), ("amzn", "yum"), ("ol", "yum"), ("openeuler", "yum"),
+             ("tencentos", "yum"), ("suse", "zypper"), ("arch", "pacman"))
 
 
 @dataclass(frozen=True)
