@@ -27,6 +27,7 @@ class Check:
 Schema = Mapping[str, Any]
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+_PLURALS = {str: "strings", int: "integers", float: "numbers", bool: "booleans"}
 
 
 def _lines(node: yaml.Node, prefix: str, out: dict[str, int]) -> None:
@@ -57,7 +58,7 @@ def load_mapping(path: Path, what: str) -> tuple[dict[str, Any], dict[str, int]]
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(p, f"a {what} file must be a mapping of keys, not {type(data).__name__}")
+        raise ConfigError(p, f"the {what} file must be a mapping of keys, not {type(data).__name__}")
     lines: dict[str, int] = {}
     if node is not None:
         _lines(node, "", lines)
@@ -94,7 +95,7 @@ def check(data: Mapping[str, Any], schema: Schema, path: Path, lines: Mapping[st
 def _check_type(value: Any, spec: Any, path: Path, key: str, line: int | None) -> None:
     if isinstance(spec, list):
         if not isinstance(value, list):
-            raise ConfigError(str(path), f"must be a list of {_TYPE_NAMES[spec[0]]}s", key=key, line=line)
+            raise ConfigError(str(path), f"must be a list of {_PLURALS[spec[0]]}", key=key, line=line)
         for item in value:
             _check_type(item, spec[0], path, key, line)
         return
