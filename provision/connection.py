@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from .errors import SSHError
 from .inventory import Target
 from .paths import state_dir
 
-CONNECT_TIMEOUT = 15
+CONNECT_TIMEOUT = int(os.environ.get("GPU_PROVISION_CONNECT_TIMEOUT", "15"))
 
 AUTH_REFUSED, HOST_KEY_CHANGED, REFUSED = "auth refused", "host key changed", "connection refused"
 TIMEOUT, NOT_RESOLVED, SSH_FAILED = "timeout", "name not resolved", "ssh failed"
@@ -100,16 +101,21 @@ def connect(target: Target, notify: Callable[[str], None] | None = None,
                       connect_kwargs=kwargs)
     conn.client.set_missing_host_key_policy(
         PinningPolicy(target.pin_name, known_hosts_path(), notify, replace_key))
+    started = time.monotonic()
     try:
         conn.open()
     except BaseException as exc:
         conn.close()
-        raise classify(target, exc) from None
+        raise classify(target, exc, time.monotonic() - started >= timeout * 0.9) from None
     return conn
 
 
-def classify(target: Target, exc: BaseException) -> BaseException:
-    """Turn a paramiko/socket exception into a one-line SSHError."""
+def classify(target: Target, exc: BaseException, timed_out: bool = False) -> BaseException:
+    """Turn a paramiko/socket exception into a one-line SSHError.
+
+    ``timed_out``: the attempt used up the connect timeout (a server that accepts TCP but never
+    completes the SSH handshake surfaces in paramiko as a lost session, not as a timeout).
+    """
     name = target.name
     if isinstance(exc, HostKeyChanged):
         return SSHError(name, HOST_KEY_CHANGED,
@@ -123,7 +129,8 @@ def classify(target: Target, exc: BaseException) -> BaseException:
                         "(check `key:` or `password_env:` in the inventory, or run `authorize`)")
     if isinstance(exc, socket.gaierror):
         return SSHError(name, NOT_RESOLVED, f"cannot resolve {target.host!r}")
-    if isinstance(exc, (socket.timeout, TimeoutError)):
+    if isinstance(exc, (socket.timeout, TimeoutError)) or (
+            isinstance(exc, paramiko.SSHException) and ("banner" in str(exc) or timed_out)):
         return SSHError(name, TIMEOUT, f"no answer from {target.host}:{target.port} within "
                         f"{CONNECT_TIMEOUT}s (host down, wrong port, or a firewall)")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or \

@@ -92,17 +92,22 @@ def parse_host_string(text: str) -> tuple[str | None, str, int | None]:
     return user, m.group(1), int(m.group(2)) if m.group(2) else None
 
 
-def resolve_target(spec: str, user: str | None = None, port: int | None = None) -> Target:
-    """Turn one ``-H`` value into a Target (inventory file when one matches)."""
+def resolve_target(spec: str, user: str | None = None, port: int | None = None,
+                   host: str | None = None) -> Target:
+    """Turn one ``-H`` value into a Target (inventory file when one matches).
+
+    ``user``/``port``/``host`` are what the SSH layer resolved for ``spec`` (Fabric's parse of
+    ``user@host:port`` plus ~/.ssh/config); an inventory file, when one matches, wins.
+    """
     if spec.endswith((".yaml", ".yml")):
         return load_inventory(Path(spec))
-    if v.NAME_RE.match(spec) and user is None and port is None:
+    if v.NAME_RE.match(spec):
         for d in inventory_dirs():
             p = d / f"{spec}.yaml"
             if p.is_file():
                 return load_inventory(p, spec)
-    u, host, p2 = parse_host_string(spec)
-    user, port = user or u or "root", port or p2 or 22
+    u, h, p2 = parse_host_string(spec)
+    user, port, host = u or user or "root", p2 or port or 22, host or h
     return Target(name=f"{user}@{host}:{port}", host=host, port=port, user=user)
 
 

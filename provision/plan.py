@@ -7,7 +7,7 @@ from typing import Any
 
 from .compat import TorchChoice, choose_torch, parse_compute_cap
 from .errors import NoWheelError, ProvisionError
-from .facts.host import HostFacts
+from .facts.host import HostFacts, cc_from_name
 from .inventory import Settings
 from .recipes import Platform
 
@@ -16,6 +16,7 @@ KEPLER_BRANCH = 470  # last branch with Kepler
 CURRENT_BRANCH = 580  # CUDA 13.0; last branch with Maxwell, Pascal and Volta
 CURRENT_BRANCH_MIN = "580.65.06"  # the first 580 release (CUDA 13.0 GA)
 KEPLER_BRANCH_MIN = "470.42.01"
+ELREPO_EL7_BRANCH, ELREPO_EL7_VERSION = 550, "550.144.03"  # the last kmod-nvidia for EL7
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,11 @@ class Plan:
         }
 
 
-def driver_branch(caps: list[tuple[int, int]]) -> tuple[int, bool, str]:
+def driver_branch(caps: list[tuple[int, int]], facts: HostFacts | None = None
+                  ) -> tuple[int, bool, str]:
     """The branch to install for these GPUs: (branch, open kernel modules, reason)."""
+    if facts is not None and facts.os.id == "centos" and facts.os.major == 7:
+        return ELREPO_EL7_BRANCH, False, "CentOS 7: ELRepo's kmod-nvidia ends at 550"
     if any(c[0] == 3 for c in caps):
         return KEPLER_BRANCH, False, "Kepler GPUs end at driver branch 470"
     if any(c[0] >= 10 for c in caps):
@@ -69,6 +73,9 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                               f" - {facts.virtualization.evidence})"))
     touchable = platform.driver_touchable and facts.virtualization.kind != "container"
     caps = sorted({parse_compute_cap(c) for c in facts.compute_caps})
+    if not caps and facts.pci_gpus:  # no driver yet: the GPU model from the PCI bus
+        caps = sorted({parse_compute_cap(cc) for g in facts.pci_gpus
+                       if (cc := cc_from_name(g.name))})
     glibc = facts.glibc
     torch: TorchChoice | None = None
     blocked: str | None = None
@@ -90,7 +97,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                                       f"{facts.driver_cuda_source}); enough for {torch.label}"))
         except NoWheelError as exc:
             if touchable:
-                branch, open_mod, why = driver_branch(caps)
+                branch, open_mod, why = driver_branch(caps, facts)
                 decisions.append(Decision("driver", f"upgrade to branch {branch}"
                                           f"{' (open modules)' if open_mod else ''}",
                                           f"driver {facts.driver} is too old: {exc}; {why}"))
@@ -105,7 +112,8 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                                   "provider, or rent another instance"))
         blocked = f"the GPU is not usable: {facts.nvidia_detail}"
     elif facts.nvidia_state in ("no_driver", "not_loaded", "no_devices") or not facts.driver:
-        branch, open_mod, why = driver_branch(caps) if caps else (CURRENT_BRANCH, True, "")
+        branch, open_mod, why = driver_branch(caps, facts) if caps else \
+            driver_branch([], facts)
         how = {"apt": "apt", "yum": "yum/dnf"}.get(facts.os.family or "", "the distro's tools")
         reason = f"{facts.nvidia_detail}; {why or 'GPU model from lspci'}"
         if facts.nouveau_loaded:
@@ -119,7 +127,9 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         decisions.append(Decision("driver", "none", blocked))
 
     if torch is None and blocked is None and facts.has_nvidia_gpu:
-        branch_min = KEPLER_BRANCH_MIN if any(c[0] == 3 for c in caps) else CURRENT_BRANCH_MIN
+        branch = driver_branch(caps, facts)[0]
+        branch_min = {KEPLER_BRANCH: KEPLER_BRANCH_MIN, ELREPO_EL7_BRANCH: ELREPO_EL7_VERSION}.get(
+            branch, CURRENT_BRANCH_MIN)
         try:
             torch = pick(branch_min, None) if caps else None
         except NoWheelError as exc:

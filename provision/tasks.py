@@ -6,6 +6,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,7 +43,12 @@ def reports_errors(fn: F) -> F:
 def target_of(c: Context) -> Target:
     if not isinstance(c, Connection):
         raise ProvisionError("this task needs a host: -H <inventory name | user@host:port>")
-    return resolve_target(c.original_host)
+    # Fabric has already split user@host:port and applied ~/.ssh/config (HostName, User, Port)
+    target = resolve_target(c.original_host, user=c.user, port=c.port, host=c.host)
+    keys = c.connect_kwargs.get("key_filename")  # -i on the command line beats the inventory
+    if keys:
+        target = replace(target, key=keys[0] if isinstance(keys, list) else str(keys))
+    return target
 
 
 def _notify(msg: str) -> None:

@@ -159,7 +159,7 @@ def parse_mirrors(text: str) -> dict[str, str]:
     return found
 
 
-def _cc_from_name(name: str) -> str | None:
+def cc_from_name(name: str) -> str | None:
     """Compute capability from the GPU name, for drivers whose nvidia-smi lacks compute_cap."""
     table: Mapping[str, str] = load_gpu_ccs()
     low = name.lower()
@@ -211,7 +211,7 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         q_out, q_rc = _out(probes, "smi_query_nocc")
         state = parse_failure(q_out, q_rc)
         if state is None:
-            gpus = tuple(g.__class__(**{**asdict(g), "compute_cap": _cc_from_name(g.name)})
+            gpus = tuple(g.__class__(**{**asdict(g), "compute_cap": cc_from_name(g.name)})
                          for g in parse_query_gpu(q_out))
     detail = STATE_TEXT[state or "ok"]
     if state == "nvml_mismatch":

@@ -141,7 +141,7 @@ def _free_port(ip: str, start: int) -> int:
 def _gpu_rows(profile: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Rows the nvidia-smi stand-in answers --query-gpu with, from the profile's captures."""
     sys.path.insert(0, str(REPO))
-    from provision.facts.host import _cc_from_name
+    from provision.facts.host import cc_from_name
     from provision.facts.nvidia import parse_q, parse_table
     gpu = profile["gpu"]
     if gpu.get("query_csv"):
@@ -156,7 +156,7 @@ def _gpu_rows(profile: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, 
     for g in gpus:
         rows.append({"index": g.index, "name": g.name, "memory.total": f"{g.memory_total_mib} MiB",
                      "memory.used": f"{g.memory_used_mib} MiB",
-                     "compute_cap": _cc_from_name(g.name) or "[N/A]",
+                     "compute_cap": cc_from_name(g.name) or "[N/A]",
                      "utilization.gpu": f"{g.utilization_pct} %",
                      "pci.bus_id": g.bus_id or "[N/A]", "uuid": g.uuid or "[N/A]"})
     units = {"memory.total": "memory.total [MiB]", "memory.used": "memory.used [MiB]",
@@ -354,6 +354,7 @@ def start(profile_name: str, password: str | None = None) -> HostInfo:
         "notes": f"sandbox host {hid} ({profile['description'].strip()})",
         "mirrors": {"miniconda": mir["miniconda"], "pypi": mir["pypi"],
                     "pytorch": mir["pytorch"], "conda_channels": [mir["conda"]]},
+        **profile.get("inventory", {}),
     }, sort_keys=False))
     (root / "info.json").write_text(json.dumps(asdict(info), indent=1))
     if profile.get("conda_prefix"):

@@ -31,7 +31,8 @@ class Host:
         self.root = root
         self.spec = json.loads((root / "host.json").read_text())
         self.merged = root / "merged"
-        self.lib = root / "upper/var/lib/gpu-sandbox"
+        # through the mounted view: overlayfs does not see changes made to the upper dir directly
+        self.lib = self.merged / "var/lib/gpu-sandbox"
         self.sshd: subprocess.Popen[bytes] | None = None
         self.stopping = False
 
@@ -86,9 +87,10 @@ class Host:
         state_path = self.lib / "state.json"
         st = json.loads(state_path.read_text())
         st["driver"]["loaded"] = st["driver"]["installed"]
-        blacklisted = any("blacklist nouveau" in p.read_text(errors="replace")
-                          for p in (self.root / "upper/etc/modprobe.d").glob("*")
-                          if p.is_file()) if (self.root / "upper/etc/modprobe.d").is_dir() else False
+        modprobe_d = self.merged / "etc/modprobe.d"
+        blacklisted = modprobe_d.is_dir() and any(
+            "blacklist nouveau" in p.read_text(errors="replace")
+            for p in modprobe_d.glob("*") if p.is_file())
         if blacklisted:
             st["nouveau"] = False
         st["boots"] = st.get("boots", 0) + 1
@@ -107,7 +109,9 @@ class Host:
         signal.signal(signal.SIGINT, stop)
         self.mount()
         self.start_sshd()
-        (self.root / "ready").write_text(str(os.getpid()))
+        tmp = self.root / "ready.tmp"  # renamed: a reader never sees an empty file
+        tmp.write_text(str(os.getpid()))
+        tmp.rename(self.root / "ready")
         while not self.stopping:
             if (self.lib / "reboot-request").exists():
                 self.reboot()

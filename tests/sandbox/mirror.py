@@ -225,7 +225,9 @@ def serve(root: Path, port: int) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    (root / "ready").write_text(str(os.getpid()))
+    tmp = root / "ready.tmp"  # renamed: a reader never sees an empty file
+    tmp.write_text(str(os.getpid()))
+    tmp.rename(root / "ready")
     server.serve_forever()
 
 

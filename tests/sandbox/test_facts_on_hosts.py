@@ -1,0 +1,132 @@
+"""`facts` and `plan` against every sandbox profile, over real SSH, in one remote execution."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Hosts, facts_json, gpu_provision
+
+pytestmark = pytest.mark.sandbox
+
+# profile -> what facts must say: os id/version, machine kind, platform, nvidia state, driver,
+# driver max CUDA, GPU count, first GPU name, its compute capability
+EXPECT: dict[str, dict[str, Any]] = {
+    "ubuntu-22.04-rtx4090": dict(os=("ubuntu", "22.04"), kind="vm", platform=None, state="ok",
+                                 driver="550.127.05", cuda="12.4", gpus=8,
+                                 name="NVIDIA GeForce RTX 4090", cc="8.9"),
+    "ubuntu-20.04-nodriver": dict(os=("ubuntu", "20.04"), kind="vm", platform=None,
+                                  state="no_driver", driver=None, cuda=None, gpus=0, pci=2,
+                                  nouveau=True),
+    "centos-7": dict(os=("centos", "7"), kind="vm", platform=None, state="no_driver",
+                     driver=None, cuda=None, gpus=0, pci=2, glibc="2.17"),
+    "rocky-9-h100": dict(os=("rocky", "9.5"), kind="vm", platform=None, state="ok",
+                         driver="590.48.01", cuda="13.1", gpus=1, name="NVIDIA H100 80GB HBM3",
+                         cc="9.0"),
+    "debian-12": dict(os=("debian", "12"), kind="vm", platform=None, state="ok",
+                      driver="580.82.09", cuda="13.0", gpus=1, name="NVIDIA GeForce GTX 960",
+                      cc="5.2", pci=2),
+    "autodl": dict(os=("ubuntu", "22.04"), kind="container", platform="autodl", state="ok",
+                   driver="580.65.06", cuda="13.0", gpus=1, name="NVIDIA GeForce RTX 4090",
+                   cc="8.9", conda="/root/miniconda3/bin/conda"),
+    "cpu-only": dict(os=("ubuntu", "24.04"), kind="vm", platform=None, state="no_driver",
+                     driver=None, cuda=None, gpus=0, pci=0),
+    "h200": dict(os=("ubuntu", "22.04"), kind="vm", platform=None, state="ok",
+                 driver="590.48.01", cuda="13.1", gpus=1, name="NVIDIA H200", cc="9.0", pci=1),
+}
+
+
+@pytest.mark.parametrize("profile", sorted(EXPECT))
+def test_facts(hosts: Hosts, gp_home: Path, profile: str) -> None:
+    info = hosts.get(profile)
+    before = len(info.sessions())
+    f = facts_json(info, gp_home)
+    assert len(info.sessions()) - before == 1, "facts must be ONE remote execution"
+    e = EXPECT[profile]
+    assert (f["os"]["id"], f["os"]["version_id"]) == e["os"]
+    assert f["virtualization"]["kind"] == e["kind"]
+    assert f["platform"] == e["platform"]
+    assert f["nvidia_state"] == e["state"]
+    assert (f["driver"], f["driver_cuda"]) == (e["driver"], e["cuda"])
+    assert len(f["gpus"]) == e["gpus"]
+    if e["gpus"]:
+        assert f["gpus"][0]["name"] == e["name"]
+        assert f["gpus"][0]["compute_cap"] == e["cc"]
+    if "pci" in e:
+        assert len(f["pci_gpus"]) == e["pci"]
+    assert f["nouveau_loaded"] == e.get("nouveau", False)
+    if "glibc" in e:
+        assert f["glibc"] == e["glibc"]
+    if "conda" in e:
+        assert f["conda"] == [e["conda"]]
+        assert [(x["name"], x["python"]) for x in f["envs"]] == [("base", "3.11")]
+    else:
+        assert f["conda"] == []
+    assert f["root"] is True and len(f["boot_id"]) == 36
+    assert f["home"] == "/root"
+
+
+def plan_json(info: Any, home: Path, *extra: str) -> dict[str, Any]:
+    r = gpu_provision("-H", info.inventory, "plan", "--json", *extra, home=home)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def decision(plan: dict[str, Any], step: str) -> dict[str, str]:
+    return next(d for d in plan["decisions"] if d["step"] == step)
+
+
+@pytest.mark.parametrize("profile,driver_action,torch", [
+    ("ubuntu-20.04-nodriver", "install branch 580 (open modules) with apt", "2.14.1+cu130"),
+    ("centos-7", "install branch 550 with yum/dnf", "2.6.0+cu124"),
+    ("rocky-9-h100", "none", "2.14.1+cu130"),
+    ("debian-12", "none", "2.14.1+cu126"),
+    ("ubuntu-22.04-rtx4090", "none", "2.7.1+cu118"),
+    ("h200", "none", "2.14.1+cu130"),
+    ("cpu-only", "none", "2.13.0+cpu"),
+])
+def test_plan_decisions(hosts: Hosts, gp_home: Path, profile: str, driver_action: str,
+                        torch: str) -> None:
+    info = hosts.get(profile)
+    before = len(info.sessions())
+    p = plan_json(info, gp_home)
+    assert len(info.sessions()) - before == 1, "plan is a dry run: facts only"
+    assert decision(p, "driver")["action"] == driver_action
+    assert f"{p['torch']['torch']}+{p['torch']['cuda']}" == torch
+    assert p["torch"]["index_url"].startswith(info.mirror["pytorch"])
+    assert p["blocked"] is None
+
+
+def test_plan_nouveau_reason(hosts: Hosts, gp_home: Path) -> None:
+    d = decision(plan_json(hosts.get("ubuntu-20.04-nodriver"), gp_home), "driver")
+    assert "nouveau is loaded" in d["reason"] and "no NVIDIA driver installed" in d["reason"]
+
+
+def test_plan_container_never_touches_driver(hosts: Hosts, gp_home: Path) -> None:
+    p = plan_json(hosts.get("autodl"), gp_home)
+    assert p["settings"]["platform"] == "autodl"
+    assert decision(p, "driver")["action"] == "none"
+    assert "owns the driver" in decision(p, "driver")["reason"] or \
+        "enough for" in decision(p, "driver")["reason"]
+    assert decision(p, "conda")["action"] == "none"
+    assert decision(p, "env")["reason"].startswith("adopt the platform's env 'base'")
+
+
+def test_plan_text_changes_nothing(hosts: Hosts, gp_home: Path) -> None:
+    info = hosts.get("cpu-only")
+    home = Path(info.root) / "home"
+    before = sorted(p.relative_to(home) for p in home.rglob("*"))
+    r = gpu_provision("-H", info.inventory, "plan", "--torch", "2.13", home=gp_home)
+    assert r.returncode == 0, r.stderr
+    assert "dry run: nothing was changed" in r.stdout
+    assert "install torch 2.13.0+cpu" in r.stdout
+    assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
+
+
+def test_plan_rejects_bad_cli_values(hosts: Hosts, gp_home: Path) -> None:
+    info = hosts.get("cpu-only")
+    r = gpu_provision("-H", info.inventory, "plan", "--env-name", "a b;rm -rf /", home=gp_home)
+    assert r.returncode == 1 and "--env-name: 'a b;rm -rf /' is not a valid name" in r.stderr
