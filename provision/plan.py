@@ -105,26 +105,25 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                 blocked = str(exc)
                 decisions.append(Decision("driver", "none", f"{platform.name} owns the driver "
                                           f"(never touched on a {platform.kind}); {exc}"))
+    elif facts.nvidia_state in ("gpu_lost", "unknown_error"):
+        blocked = f"the GPU is not usable: {facts.nvidia_detail}"
+        decisions.append(Decision("driver", "none", blocked))
     elif not touchable:
         decisions.append(Decision("driver", "none",
                                   f"{facts.nvidia_detail}; {platform.name} is a {platform.kind} whose "
                                   "driver belongs to the platform: never touched. Ask the "
                                   "provider, or rent another instance"))
         blocked = f"the GPU is not usable: {facts.nvidia_detail}"
-    elif facts.nvidia_state in ("no_driver", "not_loaded", "no_devices") or not facts.driver:
-        branch, open_mod, why = driver_branch(caps, facts) if caps else \
-            driver_branch([], facts)
+    elif facts.nvidia_state == "nvml_mismatch":
+        decisions.append(Decision("driver", "reboot", facts.nvidia_detail))
+    else:
+        branch, open_mod, why = driver_branch(caps, facts)
         how = {"apt": "apt", "yum": "yum/dnf"}.get(facts.os.family or "", "the distro's tools")
-        reason = f"{facts.nvidia_detail}; {why or 'GPU model from lspci'}"
+        reason = f"{facts.nvidia_detail}; {why}"
         if facts.nouveau_loaded:
             reason += "; nouveau is loaded and will be blacklisted (reboot needed)"
         decisions.append(Decision("driver", f"install branch {branch}"
                                   f"{' (open modules)' if open_mod else ''} with {how}", reason))
-    elif facts.nvidia_state == "nvml_mismatch":
-        decisions.append(Decision("driver", "reboot", facts.nvidia_detail))
-    else:
-        blocked = f"the GPU is not usable: {facts.nvidia_detail}"
-        decisions.append(Decision("driver", "none", blocked))
 
     if torch is None and blocked is None and facts.has_nvidia_gpu:
         branch = driver_branch(caps, facts)[0]

@@ -82,7 +82,8 @@ class HostFacts:
 
     @property
     def has_nvidia_gpu(self) -> bool:
-        return bool(self.gpus or self.pci_gpus)
+        """A GPU is seen, or a driver is installed that fails (mismatch, lost GPU, ...)."""
+        return bool(self.gpus or self.pci_gpus) or self.nvidia_state not in ("ok", "no_driver")
 
     @property
     def compute_caps(self) -> tuple[str, ...]:

@@ -264,6 +264,7 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
         "LogLevel VERBOSE", "Subsystem sftp internal-sftp", "PrintMotd no", "PrintLastLog no",
         "MaxStartups 100:30:200", "MaxSessions 50", ""]))
     (up / "run/sshd").mkdir(parents=True, exist_ok=True)
+    (up / "etc/modprobe.d").mkdir(parents=True, exist_ok=True)  # kmod's dir, on every distro
     (up / "var/log").mkdir(parents=True, exist_ok=True)
     pub = client_key().with_suffix(".pub").read_text()
     _write(root / "home/.ssh/authorized_keys", pub, 0o600)
@@ -310,13 +311,16 @@ def in_host(info: HostInfo, *argv: str, check: bool = True) -> subprocess.Comple
                           text=True, check=check)
 
 
-def start(profile_name: str, password: str | None = None) -> HostInfo:
-    """Start one sandbox host of ``profile_name`` (and the mirror, if not running)."""
+def start(profile_name: str, password: str | None = None, **overrides: Any) -> HostInfo:
+    """Start one sandbox host of ``profile_name`` (and the mirror, if not running).
+
+    ``overrides`` replace profile keys for this host only (``failure="nvml_mismatch"``, say).
+    """
     from . import mirror
     problem = why_unavailable()
     if problem:
         raise SystemExit(f"sandbox unavailable: {problem}")
-    profile = load_profile(profile_name)
+    profile = {**load_profile(profile_name), **overrides}
     base = sandbox_dir()
     base.mkdir(parents=True, exist_ok=True)
     mir = mirror.ensure()

@@ -5,29 +5,15 @@ from __future__ import annotations
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
+from tests.sandbox.remote import wait_for_boot
 
 pytestmark = pytest.mark.sandbox
-
-
-def wait_reboot(info: harness.HostInfo, boots: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if info.state().get("boots", 0) >= boots:
-            try:
-                with socket.create_connection((info.host, info.port), timeout=1) as s:
-                    if s.recv(4).startswith(b"SSH-"):
-                        return
-            except OSError:
-                pass
-        time.sleep(0.1)
-    raise AssertionError("host did not come back from reboot")
 
 
 def test_first_use_pins_then_changed_key_stops_then_repin(hosts: Hosts, gp_home: Path) -> None:
@@ -45,7 +31,7 @@ def test_first_use_pins_then_changed_key_stops_then_repin(hosts: Hosts, gp_home:
         # the machine behind the same address and port is replaced: a new host key
         harness.in_host(info, "sh", "-c", "rm /etc/gpu-sandbox/ssh_host_ed25519_key* && ssh-keygen"
                         " -q -t ed25519 -N '' -f /etc/gpu-sandbox/ssh_host_ed25519_key && reboot")
-        wait_reboot(info, 1)
+        wait_for_boot(info, 1)
         sessions = len(info.sessions())
         r = gpu_provision("-H", info.inventory, "facts", home=gp_home)
         assert r.returncode == 1
