@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--all", action="store_true")
     sub.add_parser("list", help="running hosts")
     sub.add_parser("profiles", help="available profiles")
+    sub.add_parser("demo", help="the main job against a CPU-only sandbox host, then stop")
     a = ap.parse_args(argv)
     if a.cmd == "start":
         info = harness.start(a.profile, password=a.password)
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     elif a.cmd == "list":
         for info in harness.running():
             print(f"{info.id}\t{info.user}@{info.host}:{info.port}\t{info.inventory}")
+    elif a.cmd == "demo":
+        from .demo import main as demo
+        return demo()
     elif a.cmd == "profiles":
         for p in harness.profiles():
             print(f"{p}\t{harness.load_profile(p)['description'].strip()}")

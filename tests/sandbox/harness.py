@@ -350,7 +350,7 @@ def start(profile_name: str, password: str | None = None, **overrides: Any) -> H
     hostd_pid = int((root / "ready").read_text())
     _wait_ssh(ip, port)
     key = str(client_key())
-    inv = root / "inventory.yaml"
+    inv = root / f"{hid}.yaml"
     info = HostInfo(id=hid, profile=profile_name, host=ip, port=port, user="root", key=key,
                     inventory=str(inv), root=str(root), mirror=mir, pid=hostd_pid)
     inv.write_text(yaml.safe_dump({

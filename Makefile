@@ -1,0 +1,40 @@
+# make test: venv + package with its test extra + system packages the sandbox needs, then the suite.
+# make demo: a CPU-only sandbox host and the local mirror, the main job against it, then cleanup.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Debian/Ubuntu packages the sandbox hosts use: sshd, the distro's Python with venv (stand-ins,
+# test installer), curl (downloads on the hosts), ss (listen check), unshare/nsenter.
+SYSTEM_PACKAGES := openssh-server python3-venv curl iproute2 util-linux
+
+.PHONY: test demo system-deps clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+system-deps:
+	@missing=""; \
+	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	/usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
+	command -v ss >/dev/null || missing="$$missing iproute2"; \
+	command -v nsenter >/dev/null || missing="$$missing util-linux"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing:$$missing"; apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "sandbox tests will skip: missing$$missing (install them as root)"; fi; \
+	fi
+
+test: $(VENV)/.installed system-deps
+	$(PY) -m pytest -q -p no:cacheprovider
+
+demo: $(VENV)/.installed system-deps
+	$(PY) -m tests.sandbox demo
+
+clean:
+	-$(PY) -m tests.sandbox stop --all
+	rm -rf $(VENV) logs reports

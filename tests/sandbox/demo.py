@@ -1,0 +1,50 @@
+"""``make demo``: a CPU-only sandbox host and the local mirror, the main job against it, cleanup.
+
+Uses the real program (``fab`` from the checkout) exactly as a user would against a rental.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import harness
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def main() -> int:
+    problem = harness.why_unavailable()
+    if problem:
+        print(f"demo needs the sandbox: {problem}", file=sys.stderr)
+        return 1
+    fab = str(Path(sys.executable).with_name("fab"))
+    env = dict(os.environ, GPU_PROVISION_HOME=str(harness.sandbox_dir() / "demo-home"))
+    info = harness.start("cpu-only")
+    try:
+        print(f"sandbox host {info.id} at {info.user}@{info.host}:{info.port} "
+              f"(mirror {info.mirror['url']})\n", flush=True)
+        steps = [["facts"], ["plan"]]
+        for step in steps:
+            cmd = [fab, "-H", info.inventory, *step]
+            print("$ fab -H <sandbox inventory> " + " ".join(step), flush=True)
+            r = subprocess.run(cmd, cwd=REPO, env=env)
+            if r.returncode != 0:
+                print(f"verdict: FAIL ({' '.join(step)} exited {r.returncode})")
+                return r.returncode
+        plan = json.loads(subprocess.run([fab, "-H", info.inventory, "plan", "--json"], cwd=REPO,
+                                         env=env, capture_output=True, text=True,
+                                         check=True).stdout)
+        torch = plan["torch"]
+        print(f"\nverdict: PASS - plan ready: torch {torch['torch']}+{torch['cuda']} from "
+              f"{torch['index_url']} ({len(info.sessions())} remote executions in all)")
+        return 0
+    finally:
+        harness.stop_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
