@@ -138,11 +138,16 @@ def _load(text: str, path: str) -> CompatData:
     return data
 
 
+def compat_text() -> tuple[str, str]:
+    """(text, path) of the shipped tables."""
+    ref = resources.files("provision.data").joinpath("compat.yaml")
+    return ref.read_text(encoding="utf-8"), str(ref)
+
+
 @cache
 def load_compat() -> CompatData:
     """The shipped tables (read once per process)."""
-    ref = resources.files("provision.data").joinpath("compat.yaml")
-    return _load(ref.read_text(encoding="utf-8"), str(ref))
+    return _load(*compat_text())
 
 
 @dataclass(frozen=True)

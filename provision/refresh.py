@@ -7,6 +7,7 @@ python) sets with ``compat.yaml``.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import urllib.error
@@ -14,6 +15,7 @@ import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from typing import Any
 from urllib.parse import unquote
 
 from packaging.version import InvalidVersion, Version
@@ -109,3 +111,34 @@ def diff_index(data: CompatData, found: dict[tuple[str, str], set[str]],
         if key[1] in variants and key not in found:
             removed.append(f"{key[0]}+{key[1]} (in the data, not on the index)")
     return IndexDiff(tuple(added), tuple(removed), tuple(changed))
+
+
+def refreshed_yaml(raw: dict[str, Any], data: CompatData,
+                   found: dict[tuple[str, str], set[str]]) -> tuple[dict[str, Any], list[str]]:
+    """The compat data with what the index adds: new variants of known releases and new
+    releases (python range from the wheels, arch list copied from the newest release that has
+    the variant, torchvision unknown). Returns (new raw data, notes for the reviewer)."""
+    out = copy.deepcopy(raw)
+    releases: dict[str, Any] = out["releases"]
+    notes = []
+    for (ver, variant), pys in sorted(found.items(), key=lambda k: (Version(k[0][0]), k[0][1])):
+        if variant == "cpu":
+            continue
+        arch = next((rel_raw["variants"][variant] for rel_raw in
+                     (releases[str(r.version)] for r in data.releases)
+                     if variant in rel_raw["variants"]), None)
+        if arch is None:
+            notes.append(f"{ver}+{variant}: no known arch list for {variant}; left out")
+            continue
+        span = sorted(pys, key=dotted)
+        if ver not in releases:
+            releases[ver] = {"torchvision": None, "torchaudio": None,
+                             "python": [span[0], span[-1]], "glibc": "2.28",
+                             "variants": {variant: arch}}
+            notes.append(f"{ver}: new release; set torchvision/torchaudio by hand, arch lists "
+                         f"copied from the newest release with the same variant")
+        elif variant not in releases[ver]["variants"]:
+            releases[ver]["variants"][variant] = arch
+            notes.append(f"{ver}+{variant}: variant added (arch list {arch})")
+    out["releases"] = dict(sorted(releases.items(), key=lambda kv: Version(kv[0]), reverse=True))
+    return out, notes

@@ -15,7 +15,7 @@ from invoke import Context
 from invoke.exceptions import Exit
 
 from . import output
-from .compat import choose_torch, load_compat
+from .compat import choose_torch, compat_text, load_compat
 from .connection import connect, forget_pin, known_hosts_path
 from .errors import ProvisionError
 from .executor import Executor
@@ -24,7 +24,7 @@ from .gather import gather
 from .inventory import Target, resolve_target, settings_for
 from .plan import make_plan
 from .recipes import all_platforms, load_platform
-from .refresh import diff_index, scan_index
+from .refresh import diff_index, refreshed_yaml, scan_index
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -149,17 +149,30 @@ def pick(c: Context, driver: str | None = None, compute_cap: str | None = None,
 
 
 @task(name="refresh-compat", help={"index": "PyTorch index prefix (default pytorch.org)",
-                                   "json": "print the diff as JSON"})
+                                   "json": "print the diff as JSON",
+                                   "write": "write the refreshed compat YAML to this file"})
 @reports_errors
-def refresh_compat(c: Context, index: str | None = None, json_: bool = False) -> None:
-    """Read the live PyTorch index and print how it differs from the shipped wheel data.
+def refresh_compat(c: Context, index: str | None = None, json_: bool = False,
+                   write: str | None = None) -> None:
+    """Read the live PyTorch index, print how it differs from the wheel data, optionally write
+    the refreshed data (new releases and variants added) for review.
 
-    Example: gpu-provision refresh-compat --index https://download.pytorch.org/whl
+    Example: gpu-provision refresh-compat --write compat-new.yaml
     """
     data = load_compat()
     variants = sorted(data.variant_cuda) + ["cpu"]
     found = scan_index(index or data.default_index, variants)
     diff = diff_index(data, found, variants)
+    if write:
+        import yaml
+        raw = yaml.safe_load(compat_text()[0])
+        new, notes = refreshed_yaml(raw, data, found)
+        tmp = Path(write).with_suffix(".tmp")
+        tmp.write_text("# refreshed from " + (index or data.default_index) + "; review, then "
+                       "replace provision/data/compat.yaml\n" + "".join(f"# {n}\n" for n in notes)
+                       + yaml.safe_dump(new, sort_keys=False, width=100))
+        tmp.replace(write)
+        output.err_console.print(f"wrote {write} ({len(notes)} change(s))")
     if json_:
         output.print_json({"added": diff.added, "removed": diff.removed,
                            "python_changed": diff.python_changed})
