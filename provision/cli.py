@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fabric import Config, Executor
 from fabric.main import Fab
-from invoke import Collection
+from invoke.collection import Collection
 
 from . import __version__, tasks
 

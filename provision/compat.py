@@ -294,14 +294,16 @@ def choose_torch(
             reasons.append(f"python {python} -> torch {rel.version}+{best} "
                            f"(newest release with kernels for every GPU within the driver's CUDA"
                            f"{'; spec ' + torch if torch else ''}) from {base}/{best}/")
-            risks = ()
+            risks: tuple[str, ...] = ()
             if max_cuda is None or d.variant_cuda[best][:2] > max_cuda:
                 risks = (MINOR_RISK.format(variant=best, driver=driver,
                                            native=d.native_driver(best),
                                            cuda=_ver(d.variant_cuda[best])),)
             return _choice(rel, best, base, reasons, risks)
 
-    raise NoWheelError(_nearest_fixes(d, releases, caps, driver, py, libc, cuda_compat, python, torch))
+    assert driver is not None  # drv was parsed from it
+    raise NoWheelError(_nearest_fixes(d, releases, caps, driver, py, libc, cuda_compat, python,
+                                      torch))
 
 
 def _choice(rel: Release, variant: str, base: str, reasons: list[str],

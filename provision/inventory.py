@@ -142,7 +142,8 @@ def merge_settings(target: Target, platform: Platform, recipe: Recipe,
         {k: x for k, x in target.settings.items() if k not in ("platform", "recipe", "mirrors", "notes")},
         dict(cli or {}),
     ):
-        clean = {k: (tuple(x) if isinstance(x, list) else x) for k, x in layer.items() if x is not None}
+        clean: dict[str, Any] = {k: (tuple(x) if isinstance(x, list) else x)
+                                 for k, x in layer.items() if x is not None}
         s = replace(s, **clean)
     mirrors = mirrors.merged(target.settings.get("mirrors"))
     return replace(s, mirrors=mirrors)

@@ -64,8 +64,8 @@ class Mirrors:
     def merged(self, overrides: Mapping[str, Any] | None) -> Mirrors:
         if not overrides:
             return self
-        clean = {k: (tuple(x) if isinstance(x, list) else x) for k, x in overrides.items()
-                 if x is not None}
+        clean: dict[str, Any] = {k: (tuple(x) if isinstance(x, list) else x)
+                                 for k, x in overrides.items() if x is not None}
         return replace(self, **clean)
 
 
@@ -151,7 +151,7 @@ def load_platform(name: str, root: Path | None = None) -> Platform:
 
 
 def all_platforms(root: Path | None = None) -> tuple[Platform, ...]:
-    names = set()
+    names: set[str] = set()
     for d in ((root or Path.cwd()) / "recipes" / "platforms", builtin_recipes_dir() / "platforms"):
         if d.is_dir():
             names.update(p.stem for p in d.glob("*.yaml"))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fabric import Connection, task
-from invoke import Context
+from invoke.context import Context
 from invoke.exceptions import Exit
 
 from . import output

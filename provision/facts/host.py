@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import json
 import re
-from functools import cache
-from importlib import resources
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import resources
 from typing import Any
 
 import yaml
 
 from ..compat import dotted, load_compat, parse_compute_cap
 from .cuda import parse_nvcc
-from .nvidia import (QUERY_FIELDS, STATE_TEXT, Gpu, GpuProcess, NvidiaState, nvml_library_version,
-                     parse_compute_apps, parse_driver_version, parse_failure, parse_header,
-                     parse_query_gpu, parse_table)
+from .nvidia import (
+    STATE_TEXT,
+    Gpu,
+    GpuProcess,
+    NvidiaState,
+    nvml_library_version,
+    parse_compute_apps,
+    parse_driver_version,
+    parse_failure,
+    parse_header,
+    parse_query_gpu,
+    parse_table,
+)
 from .osinfo import OsRelease, parse_os_release
 from .pci import PciGpu, parse_lspci
 from .platform import PlatformMarkers, Virtualization, detect_platform, detect_virtualization

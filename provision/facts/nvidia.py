@@ -131,7 +131,7 @@ def parse_query_gpu(text: str, fields: tuple[str, ...] | None = None) -> tuple[G
         header = list(fields)
     gpus = []
     for pos, row in enumerate(rows):
-        cell = dict(zip(header, (c.strip() for c in row)))
+        cell = dict(zip(header, (c.strip() for c in row), strict=False))  # short rows: N/A
         index = _int(cell.get("index"))
         gpus.append(Gpu(
             index=index if index is not None else pos,

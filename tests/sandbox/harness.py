@@ -148,8 +148,9 @@ def _gpu_rows(profile: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, 
         lines = (FIXTURES / gpu["query_csv"]).read_text().splitlines()
         header = [h.strip() for h in lines[0].split(", ")]
         names = [h.split(" [")[0] for h in header]
-        rows = [dict(zip(names, (c.strip() for c in ln.split(", ")))) for ln in lines[1:] if ln]
-        return rows, {n: h for n, h in zip(names, header) if n != h}
+        rows = [dict(zip(names, (c.strip() for c in ln.split(", ")), strict=True))
+                for ln in lines[1:] if ln]
+        return rows, {n: h for n, h in zip(names, header, strict=True) if n != h}
     text = (FIXTURES / gpu.get("q", gpu["table"])).read_text()
     _, gpus = parse_q(text) if gpu.get("q") else parse_table(text)
     rows = []
@@ -167,6 +168,7 @@ def _gpu_rows(profile: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, 
 def _driver_cuda() -> dict[str, str]:
     sys.path.insert(0, str(REPO))
     from provision.compat import dotted, load_compat
+
     from .standin import BRANCH_VERSION
     data = load_compat()
     out = {}

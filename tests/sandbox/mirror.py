@@ -93,7 +93,7 @@ class Content:
             "<html><body><table>\n<tr><th>Filename</th><th>Size</th><th>Last Modified</th>"
             "<th>SHA256</th></tr>\n" + "\n".join(rows) + "\n</table></body></html>\n")
 
-    @cache
+    @cache  # noqa: B019 - one Content lives as long as the server; the pages do not change
     def project_links(self, project: str) -> tuple[tuple[str, str], ...]:
         """(file name, local path) of every file of ``project`` in the local indexes."""
         found = []

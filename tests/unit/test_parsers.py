@@ -7,9 +7,18 @@ from pathlib import Path
 import pytest
 
 from provision.facts.cuda import parse_nvcc
-from provision.facts.nvidia import (QUERY_FIELDS, nvml_library_version, parse_driver_version,
-                                    parse_failure, parse_header, parse_list, parse_q, parse_q_xml,
-                                    parse_query_gpu, parse_table)
+from provision.facts.nvidia import (
+    QUERY_FIELDS,
+    nvml_library_version,
+    parse_driver_version,
+    parse_failure,
+    parse_header,
+    parse_list,
+    parse_q,
+    parse_q_xml,
+    parse_query_gpu,
+    parse_table,
+)
 from provision.facts.osinfo import parse_os_release
 from provision.facts.pci import parse_lspci
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from provision.errors import ProvisionError
+from provision.facts.host import parse_facts
 from provision.gather import facts_script, markers_of
 from provision.inventory import load_inventory, settings_for
 from provision.paths import templates_dir
 from provision.recipes import all_platforms
 from provision.templating import render
-from provision.facts.host import parse_facts
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORIES = sorted((ROOT / "inventories").glob("*.yaml"))
