@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Hosts, facts_json, gpu_provision
+from tests.conftest import ROOT, Hosts, facts_json, gpu_provision
 
 pytestmark = pytest.mark.sandbox
 
@@ -67,6 +70,32 @@ def test_facts(hosts: Hosts, gp_home: Path, profile: str) -> None:
         assert f["conda"] == []
     assert f["root"] is True and len(f["boot_id"]) == 36
     assert f["home"] == "/root"
+
+    # what the facts script asked of the stand-ins, as they recorded it
+    calls = [(c["tool"], c["argv"]) for c in info.calls()]
+    assert ("lspci", ["-nn"]) in calls and ("lsmod", []) in calls
+    assert ("systemd-detect-virt", []) in calls
+    smi = [argv for tool, argv in calls if tool == "nvidia-smi"]
+    if e["driver"]:
+        assert ["--query-gpu=index,name,driver_version,memory.total,memory.used,compute_cap,"
+                "utilization.gpu,pci.bus_id,uuid", "--format=csv"] in smi
+        assert [] in smi  # the table, for the header's max CUDA
+    else:
+        assert smi == []  # no driver: nvidia-smi does not exist on the host
+
+
+def test_fab_from_the_checkout_one_execution(hosts: Hosts, gp_home: Path) -> None:
+    """`fab -H root@127.0.0.x:PORT facts` (the checkout's fabfile) is one remote execution."""
+    info = hosts.get("rocky-9-h100")
+    before = len(info.sessions())
+    fab = str(Path(sys.executable).with_name("fab"))
+    r = subprocess.run([fab, "-i", info.key, "-H", f"root@{info.host}:{info.port}", "facts"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, GPU_PROVISION_HOME=str(gp_home), COLUMNS="200"))
+    assert r.returncode == 0, r.stderr
+    assert "NVIDIA H100 80GB HBM3" in r.stdout and "Rocky Linux 9.5" in r.stdout
+    assert len(info.sessions()) - before == 1
+    assert "Starting session: command for root" in info.sessions()[-1]
 
 
 def plan_json(info: Any, home: Path, *extra: str) -> dict[str, Any]:

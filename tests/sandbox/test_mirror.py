@@ -8,7 +8,9 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import Hosts
+from pathlib import Path
+
+from tests.conftest import Hosts, facts_json
 from tests.sandbox.mirror import INSTALLER
 from tests.sandbox.remote import ssh
 
@@ -52,7 +54,7 @@ def test_unknown_variant_is_404(hosts: Hosts) -> None:
     assert err.value.code == 404
 
 
-def test_installer_conda_env_and_real_torch_on_a_host(hosts: Hosts) -> None:
+def test_installer_conda_env_and_real_torch_on_a_host(hosts: Hosts, gp_home: Path) -> None:
     """The whole download path on a sandbox host: installer, conda env, pip install torch."""
     info = hosts.fresh("cpu-only")
     try:
@@ -76,6 +78,11 @@ def test_installer_conda_env_and_real_torch_on_a_host(hosts: Hosts) -> None:
         # the install went into the host's own overlay, not onto this machine
         site = info.path("/root/miniconda3/envs/t/lib/python3.11/site-packages/torch")
         assert site.is_dir()
+        # and facts (one execution, no Python started) sees the env and its torch build
+        f = facts_json(info, gp_home)
+        assert f["conda"] == ["/root/miniconda3/bin/conda"]
+        envs = {e["name"]: (e["python"], e["torch"], e["torch_cuda"]) for e in f["envs"]}
+        assert envs == {"base": ("3.11", None, None), "t": ("3.11", "2.13.0+cpu", None)}
     finally:
         from tests.sandbox import harness
         harness.stop(info.id)

@@ -1,0 +1,45 @@
+"""The program's surface: `fab -l` in the checkout and the installed `gpu-provision`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def test_fab_lists_tasks_in_the_checkout() -> None:
+    r = subprocess.run([str(BIN / "fab"), "-l"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    names = {line.split()[0] for line in r.stdout.splitlines()[1:] if line.startswith("  ")}
+    assert {"facts", "plan", "pick", "refresh-compat", "repin", "forget-host-key"} <= names
+
+
+def test_console_script_carries_the_same_tasks(tmp_path: Path) -> None:
+    r = subprocess.run([str(BIN / "gpu-provision"), "-l"], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert "facts" in r.stdout and "pick" in r.stdout and "plan" in r.stdout
+    assert subprocess.run([str(BIN / "gpu-provision"), "-V"], capture_output=True,
+                          text=True).stdout.startswith("gpu-provision")
+
+
+def test_host_task_without_host_says_so(tmp_path: Path) -> None:
+    r = subprocess.run([str(BIN / "gpu-provision"), "facts"], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert r.returncode == 1
+    assert "this task needs a host: -H <inventory name | user@host:port>" in r.stderr
+
+
+def test_bad_inventory_on_the_command_line(tmp_path: Path) -> None:
+    (tmp_path / "inventories").mkdir()
+    (tmp_path / "inventories" / "box.yaml").write_text("host: 1.2.3.4\nprot: 22\n")
+    r = subprocess.run([str(BIN / "gpu-provision"), "-H", "box", "facts"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (f"error: {tmp_path}/inventories/box.yaml:2: prot: unknown key "
+                                "(allowed: cuda_compat, currency, data_dir, env_name, gpu, host, "
+                                "key, mirrors, notes, packages, password_env, platform, port, "
+                                "price_per_hour, python, recipe, torch, user)")

@@ -1,0 +1,48 @@
+"""VM / container / bare and rental-platform detection from raw markers (pure functions)."""
+
+from __future__ import annotations
+
+from provision.facts.platform import PlatformMarkers, detect_platform, detect_virtualization
+from provision.gather import markers_of
+from provision.recipes import all_platforms
+
+
+def test_container_beats_vm() -> None:
+    v = detect_virtualization("docker\n", "QEMU Standard PC", "/.dockerenv", True)
+    assert (v.kind, v.what) == ("container", "docker")
+
+
+def test_container_from_markers_without_systemd() -> None:
+    v = detect_virtualization(None, "", "/run/.containerenv", False)
+    assert (v.kind, v.what) == ("container", "podman")
+    v = detect_virtualization(None, "", "0::/kubepods/besteffort/pod1/abc", False)
+    assert (v.kind, v.what) == ("container", "kubernetes")
+
+
+def test_vm_from_systemd_dmi_or_cpu_flag() -> None:
+    assert detect_virtualization("kvm", "", "", True).kind == "vm"
+    v = detect_virtualization(None, "Amazon EC2\ng5.xlarge\n", "", False)
+    assert (v.kind, v.what) == ("vm", "amazon ec2")
+    assert detect_virtualization(None, "", "", True).evidence == "cpu flag: hypervisor"
+
+
+def test_bare_metal() -> None:
+    v = detect_virtualization("none", "Supermicro\nSYS-4029GP-TRT\n", "", False)
+    assert v.kind == "bare"
+
+
+def test_platform_markers_from_the_shipped_profiles() -> None:
+    markers = markers_of(all_platforms())
+    assert detect_platform(markers, ["/root/autodl-tmp"], [], "x")[0] == "autodl"
+    assert detect_platform(markers, [], ["PATH", "VAST_CONTAINERLABEL"], "x") == \
+        ("vast", "$VAST_CONTAINERLABEL is set")
+    assert detect_platform(markers, [], ["RUNPOD_POD_ID"], "x")[0] == "runpod"
+    assert detect_platform(markers, ["/etc/apt/sources.list.d/lambda-repository.list"], [], "x")[0] \
+        == "lambda"
+    assert detect_platform(markers, [], [], "autodl-container-1a2b")[0] == "autodl"
+    assert detect_platform(markers, [], ["HOME"], "ip-10-0-0-1") == (None, "no platform markers")
+
+
+def test_first_matching_platform_wins() -> None:
+    ms = [PlatformMarkers("a", files=("/x",)), PlatformMarkers("b", files=("/x",))]
+    assert detect_platform(ms, ["/x"], [], "")[0] == "a"
