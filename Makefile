@@ -7,12 +7,12 @@ PY := $(VENV)/bin/python
 # test installer), curl (downloads on the hosts), ss (listen check), unshare/nsenter.
 SYSTEM_PACKAGES := openssh-server python3-venv curl iproute2 util-linux
 
-.PHONY: test demo system-deps clean
+.PHONY: test lint demo system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,dev]'
 	touch $@
 
 system-deps:
@@ -29,7 +29,11 @@ system-deps:
 	  else echo "sandbox tests will skip: missing$$missing (install them as root)"; fi; \
 	fi
 
-test: $(VENV)/.installed system-deps
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check provision tests
+	$(VENV)/bin/mypy
+
+test: $(VENV)/.installed system-deps lint
 	$(PY) -m pytest -q -p no:cacheprovider
 
 demo: $(VENV)/.installed system-deps
