@@ -5,10 +5,9 @@ from __future__ import annotations
 import hashlib
 import re
 import urllib.request
+from pathlib import Path
 
 import pytest
-
-from pathlib import Path
 
 from tests.conftest import Hosts, facts_json
 from tests.sandbox.mirror import INSTALLER
