@@ -1,3 +1,12 @@
 """So that ``fab -l`` / ``fab -H host bootstrap`` in a checkout find the project's tasks."""
 
-from provision.tasks import facts, forget_host_key, pick, plan, refresh_compat, repin  # noqa: F401
+from provision.tasks import (  # noqa: F401
+    bootstrap,
+    facts,
+    forget_host_key,
+    pick,
+    plan,
+    refresh_compat,
+    repin,
+    validate,
+)

@@ -13,7 +13,7 @@ from .facts.platform import PlatformMarkers
 from .recipes import Platform
 from .templating import render
 
-JOURNAL_REL = ".gpu-provision/journal.json"
+JOURNAL_DIR = ".gpu-provision"  # under the remote $HOME: steps/<step>.json, logs/, lock
 CONDA_PREFIXES = ("/root/miniconda3", "/root/anaconda3", "/opt/conda", "/opt/miniconda3")
 
 
@@ -30,7 +30,7 @@ def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (
         marker_files=sorted({f for p in platforms for f in p.detect.files}),
         query_fields=",".join(QUERY_FIELDS),
         query_fields_nocc=",".join(f for f in QUERY_FIELDS if f != "compute_cap"),
-        journal_rel=JOURNAL_REL,
+        journal_dir=JOURNAL_DIR,
         conda_prefixes=CONDA_PREFIXES,
     )
 

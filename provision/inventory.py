@@ -35,6 +35,9 @@ INVENTORY_SCHEMA = {
     "env_name": Check(str, v.name),
     "packages": Check([str], v.packages),
     "cuda_compat": Check(str, v.one_of("strict", "minor")),
+    "domain_libraries": bool,
+    "miniconda_version": Check(str, v.name),
+    "miniconda_sha256": Check(str, v.sha256),
     "data_dir": Check(str, v.abs_path),
     "mirrors": MIRRORS_SCHEMA,
     "notes": str,
@@ -122,6 +125,9 @@ class Settings:
     env_name: str = "gpu"
     packages: tuple[str, ...] = ()
     cuda_compat: str = "strict"
+    domain_libraries: bool = True  # torchvision/torchaudio with torch
+    miniconda_version: str = "latest"
+    miniconda_sha256: str | None = None  # pin it where the mirror publishes none
     data_dir: str | None = None
     mirrors: Mirrors = Mirrors()
     gpu: str | None = None
@@ -138,7 +144,10 @@ def merge_settings(target: Target, platform: Platform, recipe: Recipe,
     s = replace(s, data_dir=platform.data_dir, validation=dict(recipe.validation))
     for layer in (
         {"python": recipe.python, "torch": recipe.torch, "env_name": recipe.env_name,
-         "packages": recipe.packages, "cuda_compat": recipe.cuda_compat},
+         "packages": recipe.packages, "cuda_compat": recipe.cuda_compat,
+         "domain_libraries": recipe.domain_libraries,
+         "miniconda_version": recipe.miniconda_version,
+         "miniconda_sha256": recipe.miniconda_sha256},
         {k: x for k, x in target.settings.items() if k not in ("platform", "recipe", "mirrors", "notes")},
         dict(cli or {}),
     ):

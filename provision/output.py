@@ -99,3 +99,26 @@ def choice_text(choice: TorchChoice) -> None:
     if choice.torchaudio:
         pkgs.append(f"torchaudio=={choice.torchaudio}")
     console.print(f"pip install {' '.join(pkgs)} --index-url {choice.index_url}")
+
+
+def verdict_table(host: str, report: dict[str, Any], path: Any) -> None:
+    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}[report["verdict"]]
+    t = Table(title=f"validate: {host} ({report['mode']} mode, torch {report.get('torch')}, "
+                    f"CUDA {report.get('cuda')})", title_justify="left")
+    t.add_column("check", style="bold")
+    t.add_column("status")
+    t.add_column("reason")
+    for c in report["checks"]:
+        t.add_row(c["name"], c["status"].upper(), c["reason"])
+    console.print(t)
+    console.print(f"verdict: [bold {colour}]{report['verdict']}[/] (report: {path})")
+
+
+def steps_table(host: str, steps: list[tuple[str, str, float]], executions: int) -> None:
+    t = Table(title=f"bootstrap: {host} ({executions} remote executions)", title_justify="left")
+    t.add_column("step", style="bold")
+    t.add_column("result")
+    t.add_column("seconds", justify="right")
+    for name, result, seconds in steps:
+        t.add_row(name, result, f"{seconds:.1f}")
+    console.print(t)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from . import ops
 from .compat import TorchChoice, choose_torch, parse_compute_cap
 from .errors import NoWheelError, ProvisionError
 from .facts.host import HostFacts, cc_from_name
@@ -38,10 +39,13 @@ class Plan:
     torch: TorchChoice | None
     risks: tuple[str, ...] = ()
     blocked: str | None = None  # a reason nothing can proceed (no wheel fits)
+    steps: tuple[ops.Step, ...] = ()  # what bootstrap applies, in order
+    layout: ops.Layout | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
             "host": self.host,
+            "changes": [s.name for s in self.steps if s.changes and s.name != "validate"],
             "settings": asdict(self.settings),
             "decisions": [asdict(d) for d in self.decisions],
             "torch": self.torch.as_json() if self.torch else None,
@@ -142,43 +146,17 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         except NoWheelError as exc:
             blocked = str(exc)
 
-    # Conda and env
-    usable = [c for c in facts.conda]
-    if usable:
-        decisions.append(Decision("conda", "none", f"conda found at {usable[0]}"))
-    else:
-        decisions.append(Decision("conda", "install Miniconda",
-                                  f"no conda on the host; from {settings.mirrors.miniconda}"))
-    env_name = platform.adopt_env or settings.env_name
-    env = next((e for e in facts.envs if e.name == env_name), None)
-    if platform.adopt_env and env is not None:
-        decisions.append(Decision("env", "none", f"adopt the platform's env {env_name!r} "
-                                  f"(python {env.python}, torch {env.torch or 'none'})"))
-    elif env is not None:
-        decisions.append(Decision("env", "none", f"env {env_name!r} exists (python {env.python})"))
-    else:
-        decisions.append(Decision("env", f"create {env_name!r}",
-                                  f"conda create -n {env_name} python={settings.python}"))
-
+    lay = ops.layout(facts, settings, platform)
+    steps = [ops.conda_step(facts, settings, lay), ops.env_step(facts, settings, lay)]
     if torch is not None:
-        want = f"{torch.torch}+{torch.cuda}"
-        have = env.torch if env else None
-        if have == want:
-            decisions.append(Decision("torch", "none", f"{torch.label} already installed"))
-        elif platform.adopt_env and have and not settings.torch:
-            decisions.append(Decision("torch", "none", f"keep the platform's torch {have} "
-                                      f"(set torch: in the recipe to replace it; rule says {want})"))
-        else:
-            decisions.append(Decision("torch", f"install {torch.label}", "; ".join(torch.reasons)))
-        if settings.packages:
-            decisions.append(Decision("packages", "pip install " + " ".join(settings.packages),
-                                      f"recipe {settings.recipe}"))
+        steps += [ops.torch_step(facts, settings, lay, torch), ops.packages_step(facts, settings, lay)]
     elif blocked:
-        decisions.append(Decision("torch", "none", f"blocked: {blocked}"))
-    decisions.append(Decision("validate", "run validate_gpu.py",
-                              "torch sees every GPU, matmul correct, speed as expected"))
+        steps.append(ops.Step("torch", "none", f"blocked: {blocked}"))
+    steps.append(ops.validate_step(facts, lay))
+    decisions += [Decision(s.name, s.action, s.reason) for s in steps]
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
-                risks=torch.risks if torch else (), blocked=blocked)
+                risks=torch.risks if torch else (), blocked=blocked, steps=tuple(steps),
+                layout=lay)
 
 
 def require_plan(plan: Plan) -> Plan:

@@ -31,6 +31,9 @@ RECIPE_SCHEMA = {
     "packages": Check([str], v.packages),
     "env_name": Check(str, v.name),
     "cuda_compat": Check(str, v.one_of("strict", "minor")),
+    "domain_libraries": bool,
+    "miniconda_version": Check(str, v.name),
+    "miniconda_sha256": Check(str, v.sha256),
     "mirrors": MIRRORS_SCHEMA,
     "validation": {"min_free_disk_gb": float, "min_memory_gb": float, "min_cpu_cores": int,
                    "min_tflops_ratio": float},
@@ -100,6 +103,9 @@ class Recipe:
     packages: tuple[str, ...] = ()
     env_name: str | None = None
     cuda_compat: str | None = None
+    domain_libraries: bool | None = None
+    miniconda_version: str | None = None
+    miniconda_sha256: str | None = None
     mirrors: Mapping[str, Any] = field(default_factory=dict)
     validation: Mapping[str, float] = field(default_factory=dict)
 

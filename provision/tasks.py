@@ -15,6 +15,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 from . import output
+from .bootstrap import apply
 from .compat import choose_torch, compat_text, load_compat
 from .connection import connect, forget_pin, known_hosts_path
 from .errors import ProvisionError
@@ -22,7 +23,7 @@ from .executor import Executor
 from .facts.host import HostFacts
 from .gather import gather
 from .inventory import Target, resolve_target, settings_for
-from .plan import make_plan
+from .plan import Plan, make_plan
 from .recipes import all_platforms, load_platform
 from .refresh import diff_index, refreshed_yaml, scan_index
 
@@ -101,23 +102,78 @@ def plan(c: Context, json_: bool = False, python: str | None = None, torch: str 
 
     Example: gpu-provision -H my-4090 plan --torch 2.5
     """
-    cli = {"python": python, "torch": torch, "recipe": recipe, "platform": platform,
-           "cuda_compat": cuda_compat, "env_name": env_name}
-    from . import validators as v
-    for key, check in (("python", v.python_version), ("torch", v.torch_spec),
-                       ("env_name", v.name), ("cuda_compat", v.one_of("strict", "minor"))):
-        value = cli[key]
-        problem = check(value) if value is not None else None
-        if problem:
-            raise ProvisionError(f"--{key.replace('_', '-')}: {problem}")
+    cli = _cli_settings(python, torch, recipe, platform, cuda_compat, env_name)
     with session(c) as (target, ex):
-        f = _facts(target, ex)
-    settings = settings_for(target, f.platform, cli)
-    p = make_plan(target.name, f, settings, load_platform(settings.platform))
+        p = _plan_for(c, ex, target, cli)
     if json_:
         output.print_json(p.as_json())
     else:
         output.plan_table(p)
+
+
+def _plan_for(c: Context, ex: Executor, target: Target, cli: dict[str, Any]) -> Plan:
+    f = _facts(target, ex)
+    settings = settings_for(target, f.platform, cli)
+    return make_plan(target.name, f, settings, load_platform(settings.platform))
+
+
+@task(help={"python": "env Python, e.g. 3.11", "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'",
+            "recipe": "recipe name", "platform": "platform profile name",
+            "cuda_compat": "strict (default) or minor", "env_name": "conda env name"})
+@reports_errors
+def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
+              recipe: str | None = None, platform: str | None = None,
+              cuda_compat: str | None = None, env_name: str | None = None) -> None:
+    """Turn the host into a validated PyTorch env: conda, env, torch, packages, validation.
+
+    Safe to repeat: a provisioned host is checked in two remote executions and left unchanged.
+    Example: gpu-provision -H my-4090 bootstrap
+    """
+    cli = _cli_settings(python, torch, recipe, platform, cuda_compat, env_name)
+    with session(c) as (target, ex):
+        p = _plan_for(c, ex, target, cli)
+        for r in p.risks:
+            output.console.print(f"[yellow]risk:[/] {r}")
+        outcome = apply(ex, p)
+        executions = ex.executions
+    output.steps_table(target.name, outcome.steps, executions)
+    if outcome.report is not None:
+        output.verdict_table(target.name, outcome.report, outcome.report_path)
+        if outcome.verdict == "FAIL":
+            raise Exit(code=1)
+
+
+@task(help={"recipe": "recipe name", "platform": "platform profile name"})
+@reports_errors
+def validate(c: Context, recipe: str | None = None, platform: str | None = None) -> None:
+    """Run validate_gpu.py in the env and show the verdict (exit 1 on FAIL).
+
+    Example: gpu-provision -H my-4090 validate
+    """
+    with session(c) as (target, ex):
+        p = _plan_for(c, ex, target, _cli_settings(None, None, recipe, platform, None, None))
+        outcome = apply(ex, p, only={"validate"})
+    assert outcome.report is not None
+    output.verdict_table(target.name, outcome.report, outcome.report_path)
+    if outcome.verdict == "FAIL":
+        raise Exit(code=1)
+
+
+def _cli_settings(python: str | None, torch: str | None, recipe: str | None,
+                  platform: str | None, cuda_compat: str | None,
+                  env_name: str | None) -> dict[str, Any]:
+    """Command-line values, checked like the YAML ones (the error names the option)."""
+    from . import validators as v
+    cli = {"python": python, "torch": torch, "recipe": recipe, "platform": platform,
+           "cuda_compat": cuda_compat, "env_name": env_name}
+    for key, check in (("python", v.python_version), ("torch", v.torch_spec),
+                       ("env_name", v.name), ("recipe", v.name), ("platform", v.name),
+                       ("cuda_compat", v.one_of("strict", "minor"))):
+        value = cli[key]
+        problem = check(value) if value is not None else None
+        if problem:
+            raise ProvisionError(f"--{key.replace('_', '-')}: {problem}")
+    return cli
 
 
 @task(help={"driver": "NVIDIA driver version, e.g. 550.54.14 (omit: no GPU)",

@@ -22,7 +22,7 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def render(name: str, **context: Any) -> str:
+def render(name: str, /, **context: Any) -> str:
     """Render ``templates/<name>``; an error names the template and line."""
     try:
         return _env().get_template(name).render(**context)

@@ -87,3 +87,7 @@ def gpu_claim(value: str) -> str | None:
     if not re.fullmatch(r".*\S( x\s*\d+)?", value):
         return f"{value!r}: write the advertised GPU as 'RTX 4090 x1'"
     return None
+
+
+def sha256(value: str) -> str | None:
+    return None if re.fullmatch(r"[0-9a-f]{64}", value) else f"{value!r} is not a sha256 (64 hex digits)"

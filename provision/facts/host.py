@@ -87,7 +87,7 @@ class HostFacts:
     envs: tuple[CondaEnv, ...]
     mirrors: Mapping[str, str]
     boot_id: str
-    journal: Mapping[str, Any] | None
+    journal: Mapping[str, Mapping[str, Any]]  # step -> its last recorded run
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -250,13 +250,13 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
     mod_names = {ln.split()[0] for ln in modules.splitlines() if ln.strip()}
     pythons = tuple(sorted({m.group(1) for m in re.finditer(r"Python (\d+\.\d+)",
                                                             _out(probes, "pythons")[0])}))
-    journal_text = _ok(probes, "journal")
-    journal = None
-    if journal_text:
+    journal: dict[str, Any] = {}
+    for line in (_ok(probes, "journal") or "").splitlines():
         try:
-            journal = json.loads(journal_text)
-        except ValueError:
-            warnings.append("the journal on the host is not valid JSON; it will be rewritten")
+            entry = json.loads(line)
+            journal[str(entry["step"])] = entry
+        except (ValueError, KeyError, TypeError):
+            warnings.append(f"unreadable journal entry on the host: {line[:80]!r}")
     uid = (_ok(probes, "uid") or "").strip()
     return HostFacts(
         os=osr,

@@ -1,0 +1,151 @@
+"""Operations: facts + desired state -> the remote scripts still needed (None means done).
+
+Each ``Step`` is one remote execution when applied; its reason says why it runs or why not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..compat import TorchChoice, load_compat
+from ..facts.host import CondaEnv, HostFacts
+from ..inventory import Settings
+from ..paths import templates_dir
+from ..recipes import Platform
+from ..templating import render
+
+DEFAULT_PYPI = "https://pypi.org/simple"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    action: str  # "none" when nothing is to be done
+    reason: str
+    body: str | None = None  # the bash body run under templates/step.sh.j2
+    inputs: str = ""  # hash of what the step depends on (journal)
+
+    @property
+    def changes(self) -> bool:
+        return self.body is not None
+
+
+def inputs_hash(**values: Any) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where conda and the env live on the host (known before they exist)."""
+
+    conda_root: str
+    env_name: str
+    adopted: bool
+
+    @property
+    def env_prefix(self) -> str:
+        return self.conda_root if self.env_name == "base" else f"{self.conda_root}/envs/{self.env_name}"
+
+    @property
+    def python_bin(self) -> str:
+        return f"{self.env_prefix}/bin/python"
+
+
+def layout(facts: HostFacts, settings: Settings, platform: Platform) -> Layout:
+    roots = [c.removesuffix("/bin/conda") for c in facts.conda]
+    root = platform.conda_prefix if platform.conda_prefix in roots else (
+        roots[0] if roots else platform.conda_prefix or f"{facts.home}/miniconda3")
+    adopt = platform.adopt_env
+    return Layout(conda_root=root, env_name=adopt or settings.env_name, adopted=bool(adopt))
+
+
+def find_env(facts: HostFacts, lay: Layout) -> CondaEnv | None:
+    return next((e for e in facts.envs if e.prefix == lay.env_prefix), None)
+
+
+def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
+    if f"{lay.conda_root}/bin/conda" in facts.conda:
+        return Step("conda", "none", f"conda found at {lay.conda_root}")
+    m = settings.mirrors
+    arch = facts.arch or "x86_64"
+    file = f"Miniconda3-{settings.miniconda_version}-Linux-{arch}.sh"
+    base = m.miniconda.rstrip("/")
+    body = render("conda.sh.j2", prefix=lay.conda_root, url=f"{base}/{file}", index=f"{base}/",
+                  file=file, sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
+                  pypi=m.pypi if m.pypi != DEFAULT_PYPI else "")
+    return Step("conda", f"install Miniconda at {lay.conda_root}",
+                f"no conda on the host; {file} from {base}, sha256 checked", body,
+                inputs_hash(file=file, base=base, channels=m.conda_channels, pypi=m.pypi))
+
+
+def env_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
+    env = find_env(facts, lay)
+    if env is not None:
+        what = "adopt the platform's env" if lay.adopted else "env exists:"
+        return Step("env", "none", f"{what} {lay.env_name!r} (python {env.python}, "
+                                   f"torch {env.torch or 'none'})")
+    if lay.adopted:
+        return Step("env", "none", f"adopt the platform's env {lay.env_name!r} at {lay.env_prefix}")
+    body = render("env.sh.j2", root=lay.conda_root, name=lay.env_name, python=settings.python,
+                  channels=settings.mirrors.conda_channels)
+    return Step("env", f"create {lay.env_name!r}",
+                f"conda create -n {lay.env_name} python={settings.python}", body,
+                inputs_hash(name=lay.env_name, python=settings.python))
+
+
+def torch_requirements(choice: TorchChoice, settings: Settings) -> list[str]:
+    reqs = [f"torch=={choice.torch}"]
+    if settings.domain_libraries:
+        reqs += [f"{name}=={ver}" for name, ver in (("torchvision", choice.torchvision),
+                                                     ("torchaudio", choice.torchaudio)) if ver]
+    return reqs
+
+
+def torch_matches(env: CondaEnv | None, choice: TorchChoice) -> bool:
+    """The env's torch is the chosen release and build (PyPI-named CUDA builds have no +cuXXX)."""
+    if env is None or env.torch is None:
+        return False
+    want_cuda = None if choice.cuda == "cpu" else ".".join(
+        map(str, load_compat().variant_cuda[choice.cuda][:2]))
+    return env.torch.split("+")[0] == choice.torch and env.torch_cuda == want_cuda
+
+
+def torch_step(facts: HostFacts, settings: Settings, lay: Layout, choice: TorchChoice) -> Step:
+    env = find_env(facts, lay)
+    if torch_matches(env, choice):
+        return Step("torch", "none", f"{choice.label} already installed")
+    if lay.adopted and env is not None and env.torch and not settings.torch:
+        return Step("torch", "none", f"keep the platform's torch {env.torch} (set torch: in the "
+                                     f"recipe or inventory to replace it; the rule says {choice.label})")
+    reqs = torch_requirements(choice, settings)
+    body = render("torch.sh.j2", python_bin=lay.python_bin, requirements=reqs, index=choice.index_url)
+    return Step("torch", f"install {choice.label}", "; ".join(choice.reasons), body,
+                inputs_hash(reqs=reqs, index=choice.index_url))
+
+
+def packages_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
+    if not settings.packages:
+        return Step("packages", "none", f"recipe {settings.recipe} adds no packages")
+    pypi = settings.mirrors.pypi
+    h = inputs_hash(packages=settings.packages, pypi=pypi)
+    done = facts.journal.get("packages", {})
+    if done.get("inputs") == h and done.get("result") == "ok" and find_env(facts, lay):
+        return Step("packages", "none", f"{' '.join(settings.packages)} installed (journal)")
+    body = render("packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
+                  pypi=pypi if pypi != DEFAULT_PYPI else "")
+    return Step("packages", "pip install " + " ".join(settings.packages),
+                f"recipe {settings.recipe}, from {pypi}, torch pinned", body, h)
+
+
+def validate_step(facts: HostFacts, lay: Layout) -> Step:
+    script = (templates_dir() / "validate_gpu.py").read_text()
+    expected = len(facts.gpus)
+    body = render("validate.sh.j2", python_bin=lay.python_bin, script=script,
+                  expected_gpus=str(expected))
+    what = f"{expected} GPU(s)" if expected else "CPU mode"
+    return Step("validate", "run validate_gpu.py",
+                f"{what}: torch imports, sees every GPU, matmul matches the CPU", body,
+                inputs_hash(expected=expected))
