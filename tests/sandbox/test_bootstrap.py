@@ -1,0 +1,88 @@
+"""`bootstrap` end to end on a CPU-only sandbox host: real conda test installer from the mirror,
+a conda env, the real torch wheel through pip, validation; then the lock, the re-run and a bad
+sha256."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import Hosts, gpu_provision
+from tests.sandbox import harness
+
+pytestmark = pytest.mark.sandbox
+
+
+def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    info = hosts.fresh("cpu-only")
+    try:
+        owner = info.path("/root/.gpu-provision/lock.owner")
+        first = subprocess.Popen([sys.executable, "-m", "provision", "-H", info.inventory,
+                                  "bootstrap"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True,
+                                 env={**__import__("os").environ,
+                                      "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"})
+        deadline = time.monotonic() + 120
+        while not (owner.exists() and "step torch" in owner.read_text()):
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the torch step never started"
+            time.sleep(0.2)
+        second = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path)
+        assert second.returncode == 1
+        assert "another run holds the lock on this host" in second.stderr
+        assert "step torch since" in second.stderr and "pid" in second.stderr
+
+        out, err = first.communicate(timeout=600)
+        assert first.returncode == 0, out + err
+        assert "verdict: PASS" in out
+        reports = list((tmp_path / "reports" / info.id).glob("validate-*.json"))
+        assert len(reports) == 1
+        report = json.loads(reports[0].read_text())
+        assert (report["verdict"], report["mode"], report["torch"]) == ("PASS", "cpu", "2.13.0+cpu")
+        logs = list((tmp_path / "logs" / info.id).glob("*/torch.log"))
+        assert logs and "Successfully installed" in logs[0].read_text()
+        steps = {p.stem: json.loads(p.read_text())
+                 for p in info.path("/root/.gpu-provision/steps").glob("*.json")}
+        assert {k: v["result"] for k, v in steps.items()} == {
+            "conda": "ok", "env": "ok", "torch": "ok", "validate": "ok"}
+
+        # a second bootstrap changes nothing and needs two remote executions
+        torch_dir = info.path("/root/miniconda3/envs/torch/lib/python3.11/site-packages/torch")
+        stamp = torch_dir.stat().st_mtime_ns
+        before = len(info.sessions())
+        again = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert len(info.sessions()) - before == 2
+        for step in ("conda", "env", "torch"):
+            assert f"{step}: nothing to do" in again.stdout
+        assert torch_dir.stat().st_mtime_ns == stamp
+        for step in ("conda", "env", "torch"):
+            entry = json.loads(info.path(f"/root/.gpu-provision/steps/{step}.json").read_text())
+            assert entry == steps[step]
+        assert "verdict: PASS" in again.stdout
+    finally:
+        harness.stop(info.id)
+
+
+def test_bad_miniconda_sha256_installs_nothing(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    info = hosts.fresh("cpu-only")
+    try:
+        inv = yaml.safe_load(Path(info.inventory).read_text())
+        inv["miniconda_sha256"] = "0" * 64
+        path = tmp_path / "bad-sha.yaml"
+        path.write_text(yaml.safe_dump(inv))
+        r = gpu_provision("-H", str(path), "bootstrap", home=gp_home, cwd=tmp_path)
+        assert r.returncode == 1
+        assert "step 'conda' failed with exit code 3" in r.stderr
+        assert "sha256 mismatch" in r.stderr and "nothing installed" in r.stderr
+        assert not info.path("/root/miniconda3").exists()
+        entry = json.loads(info.path("/root/.gpu-provision/steps/conda.json").read_text())
+        assert (entry["result"], entry["exit"]) == ("failed", 3)
+    finally:
+        harness.stop(info.id)
