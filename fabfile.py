@@ -2,6 +2,7 @@
 
 from provision.tasks import (  # noqa: F401
     bootstrap,
+    driver_task,
     facts,
     forget_host_key,
     pick,

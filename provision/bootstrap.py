@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import re
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +19,11 @@ from typing import Any
 from . import output
 from .command import bash_script
 from .compat import load_compat
-from .errors import ProvisionError, RemoteError
+from .connection import AUTH_REFUSED, HOST_KEY_CHANGED
+from .errors import ProvisionError, RemoteError, SSHError
 from .executor import Executor, Result
 from .ops import Step
+from .ops import driver as driver_ops
 from .plan import Plan
 from .templating import render
 
@@ -33,10 +37,42 @@ class Outcome:
     verdict: str | None = None
     report: dict[str, Any] | None = None
     report_path: Path | None = None
+    executions: int = 0  # remote executions on every connection the run used
+
+
+REBOOT_TIMEOUT = int(os.environ.get("GPU_PROVISION_REBOOT_TIMEOUT", "900"))
+
+
+def reboot_and_wait(ex: Executor, old_boot_id: str, reconnect: Callable[[], Executor],
+                    replan: Callable[[Executor], Plan]) -> tuple[Executor, Plan]:
+    """Reboot, wait for SSH with backoff, and require a NEW boot id (the facts say so)."""
+    ex.run(bash_script("nohup sh -c 'sleep 1; reboot' >/dev/null 2>&1 &"), step="reboot",
+           check=False)
+    ex.conn.close()
+    deadline = time.monotonic() + REBOOT_TIMEOUT
+    delay = 2.0
+    time.sleep(delay)
+    while time.monotonic() < deadline:
+        try:
+            new = reconnect()
+        except SSHError as exc:
+            if exc.kind in (HOST_KEY_CHANGED, AUTH_REFUSED):
+                raise
+            output.console.print(f"{ex.host}: waiting for the host to come back ({exc.kind})")
+        else:
+            plan = replan(new)
+            assert plan.facts is not None
+            if plan.facts.boot_id and plan.facts.boot_id != old_boot_id:
+                return new, plan
+            new.conn.close()  # still the old boot: the reboot has not happened yet
+        time.sleep(delay)
+        delay = min(delay * 2, 15)
+    raise ProvisionError(f"{ex.host}: did not come back with a new boot id within "
+                         f"{REBOOT_TIMEOUT}s of the reboot")
 
 
 def owner() -> str:
-    return f"{getpass.getuser()}@{socket.gethostname()} pid {__import__('os').getpid()}"
+    return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
 
 
 def run_step(ex: Executor, step: Step, run_id: str) -> Result:
@@ -84,30 +120,30 @@ def save_report(host: str, report: dict[str, Any]) -> Path:
     return path
 
 
-def apply(ex: Executor, plan: Plan, only: set[str] | None = None) -> Outcome:
-    """Run the plan's steps that have work (``only``: a subset by name)."""
+def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
+          reconnect: Callable[[], Executor] | None = None,
+          replan: Callable[[Executor], Plan] | None = None) -> Outcome:
+    """Run the plan's steps that have work (``only``: a subset by name). A driver step may
+    reboot the host: ``reconnect`` opens a new connection and ``replan`` re-reads the facts."""
     if plan.blocked:
         raise ProvisionError(f"{plan.host}: {plan.blocked}")
-    driver = next((d for d in plan.decisions if d.step == "driver"), None)
-    if driver is not None and driver.changes and (only is None or "driver" in only):
-        raise ProvisionError(f"{plan.host}: the driver step is needed ({driver.action}: "
-                             f"{driver.reason}) and is not automated yet; install the driver, "
-                             "then run bootstrap again")
     run_id = time.strftime("%Y%m%d-%H%M%S")
     out = Outcome(host=plan.host)
-    for step in plan.steps:
+    steps = list(plan.steps)
+    first = steps[0] if steps else None
+    if first is not None and first.name == "driver" and (only is None or "driver" in only):
+        if reconnect is None or replan is None:
+            raise ProvisionError(f"{plan.host}: the driver step needs a reconnecting session")
+        ex, plan = _driver(ex, plan, first, run_id, out, reconnect, replan)
+        steps = [s for s in plan.steps if s.name != "driver"]
+    for step in steps:
         if only is not None and step.name not in only:
             continue
         if not step.changes:
             output.console.print(f"[dim]{plan.host}: {step.name}: nothing to do - {step.reason}[/]")
             out.steps.append((step.name, "skipped", 0.0))
             continue
-        output.console.print(f"{plan.host}: {step.name}: {step.action} ...")
-        started = time.monotonic()
-        result = run_step(ex, step, run_id)
-        seconds = time.monotonic() - started
-        out.steps.append((step.name, "ok", seconds))
-        output.console.print(f"{plan.host}: {step.name}: done in {seconds:.1f}s")
+        result = _timed(ex, step, run_id, out)
         if step.name == "torch":
             check_torch(plan, result.stdout)
         if step.name == "validate":
@@ -115,4 +151,49 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None) -> Outcome:
             out.report["host"] = plan.host
             out.verdict = out.report["verdict"]
             out.report_path = save_report(plan.host, out.report)
+    out.executions += ex.executions
     return out
+
+
+def _timed(ex: Executor, step: Step, run_id: str, out: Outcome) -> Result:
+    output.console.print(f"{ex.host}: {step.name}: {step.action} ...")
+    started = time.monotonic()
+    result = run_step(ex, step, run_id)
+    seconds = time.monotonic() - started
+    out.steps.append((step.name, "ok", seconds))
+    output.console.print(f"{ex.host}: {step.name}: done in {seconds:.1f}s")
+    return result
+
+
+def _driver(ex: Executor, plan: Plan, step: Step, run_id: str, out: Outcome,
+            reconnect: Callable[[], Executor], replan: Callable[[Executor], Plan]
+            ) -> tuple[Executor, Plan]:
+    """Install (or reboot for) the driver, verify nvidia-smi on the new boot, hold packages."""
+    assert plan.facts is not None
+    result = _timed(ex, step, run_id, out)
+    if "NEEDS_REBOOT" in result.stdout:
+        output.console.print(f"{ex.host}: rebooting (the module cannot load without it) ...")
+        started = time.monotonic()
+        out.executions += ex.executions
+        ex, plan = reboot_and_wait(ex, plan.facts.boot_id, reconnect, replan)
+        out.steps.append(("reboot", "ok", time.monotonic() - started))
+    else:
+        plan = replan(ex)
+    assert plan.facts is not None
+    if plan.facts.nvidia_state != "ok":
+        raise ProvisionError(f"{ex.host}: after the driver step nvidia-smi reports: "
+                             f"{plan.facts.nvidia_detail}; see logs/ and `gpu-provision doctor`")
+    output.console.print(f"{ex.host}: driver {plan.facts.driver} loaded "
+                         f"(CUDA <= {plan.facts.driver_cuda})")
+    branch = step_branch(plan, step)
+    if branch is not None:
+        _timed(ex, driver_ops.hold_step(plan.facts, *branch), run_id, out)
+    if plan.blocked:
+        raise ProvisionError(f"{plan.host}: {plan.blocked}")
+    return ex, plan
+
+
+def step_branch(plan: Plan, step: Step) -> tuple[int, bool] | None:
+    """The (branch, open) that was installed: hold its packages (a reboot-only step holds none)."""
+    m = re.search(r"branch (\d+)( \(open modules\))?", step.action)
+    return (int(m.group(1)), bool(m.group(2))) if m else None

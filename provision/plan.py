@@ -10,6 +10,7 @@ from .compat import TorchChoice, choose_torch, parse_compute_cap
 from .errors import NoWheelError, ProvisionError
 from .facts.host import HostFacts, cc_from_name
 from .inventory import Settings
+from .ops import driver as driver_ops
 from .recipes import Platform
 
 # Branches installed when the driver is missing or too old (compat.md §1.5).
@@ -41,6 +42,8 @@ class Plan:
     blocked: str | None = None  # a reason nothing can proceed (no wheel fits)
     steps: tuple[ops.Step, ...] = ()  # what bootstrap applies, in order
     layout: ops.Layout | None = None
+    facts: HostFacts | None = None
+    driver_branch: tuple[int, bool] | None = None  # (branch, open modules) when installing
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +86,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     glibc = facts.glibc
     torch: TorchChoice | None = None
     blocked: str | None = None
+    install: tuple[int, bool] | None = None
 
     def pick(driver: str | None, driver_cuda: str | None) -> TorchChoice:
         return choose_torch(driver=driver, compute_caps=caps, python=settings.python,
@@ -102,6 +106,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         except NoWheelError as exc:
             if touchable:
                 branch, open_mod, why = driver_branch(caps, facts)
+                install = (branch, open_mod)
                 decisions.append(Decision("driver", f"upgrade to branch {branch}"
                                           f"{' (open modules)' if open_mod else ''}",
                                           f"driver {facts.driver} is too old: {exc}; {why}"))
@@ -122,6 +127,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         decisions.append(Decision("driver", "reboot", facts.nvidia_detail))
     else:
         branch, open_mod, why = driver_branch(caps, facts)
+        install = (branch, open_mod)
         how = {"apt": "apt", "yum": "yum/dnf"}.get(facts.os.family or "", "the distro's tools")
         reason = f"{facts.nvidia_detail}; {why}"
         if facts.nouveau_loaded:
@@ -147,16 +153,28 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
             blocked = str(exc)
 
     lay = ops.layout(facts, settings, platform)
-    steps = [ops.conda_step(facts, settings, lay), ops.env_step(facts, settings, lay)]
+    steps: list[ops.Step] = []
+    driver_decision = next(d for d in decisions if d.step == "driver")
+    if install is not None and blocked is None:
+        try:
+            steps.append(driver_ops.install_step(facts, install[0], install[1],
+                                                 driver_decision.action, driver_decision.reason))
+        except ValueError as exc:
+            blocked = f"{exc}: install the NVIDIA driver by hand, then run bootstrap again"
+    elif driver_decision.action == "reboot":
+        steps.append(ops.Step("driver", "reboot", driver_decision.reason,
+                              "echo 'NEEDS_REBOOT (NVML does not match the loaded module)'",
+                              ops.inputs_hash(boot=facts.boot_id)))
+    steps += [ops.conda_step(facts, settings, lay), ops.env_step(facts, settings, lay)]
     if torch is not None:
         steps += [ops.torch_step(facts, settings, lay, torch), ops.packages_step(facts, settings, lay)]
     elif blocked:
         steps.append(ops.Step("torch", "none", f"blocked: {blocked}"))
     steps.append(ops.validate_step(facts, lay))
-    decisions += [Decision(s.name, s.action, s.reason) for s in steps]
+    decisions += [Decision(s.name, s.action, s.reason) for s in steps if s.name != "driver"]
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
                 risks=torch.risks if torch else (), blocked=blocked, steps=tuple(steps),
-                layout=lay)
+                layout=lay, facts=facts, driver_branch=install)
 
 
 def require_plan(plan: Plan) -> Plan:

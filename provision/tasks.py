@@ -56,16 +56,20 @@ def _notify(msg: str) -> None:
     output.err_console.print(f"[cyan]{msg}[/]")
 
 
+def open_executor(target: Target, log_dir: Path) -> Executor:
+    return Executor(connect(target, notify=_notify), target.name, log_dir=log_dir)
+
+
 @contextmanager
-def session(c: Context, step: str = "run") -> Iterator[tuple[Target, Executor]]:
+def session(c: Context) -> Iterator[tuple[Target, Executor]]:
     target = target_of(c)
-    conn = connect(target, notify=_notify)
     run_id = time.strftime("%Y%m%d-%H%M%S")
     safe = target.name.replace("/", "_").replace(":", "_")
+    ex = open_executor(target, Path("logs") / safe / run_id)
     try:
-        yield target, Executor(conn, target.name, log_dir=Path("logs") / safe / run_id)
+        yield target, ex
     finally:
-        conn.close()
+        ex.conn.close()
 
 
 def _facts(target: Target, ex: Executor) -> HostFacts:
@@ -112,6 +116,7 @@ def plan(c: Context, json_: bool = False, python: str | None = None, torch: str 
 
 
 def _plan_for(c: Context, ex: Executor, target: Target, cli: dict[str, Any]) -> Plan:
+    """Facts (one remote execution), settings by precedence, the plan."""
     f = _facts(target, ex)
     settings = settings_for(target, f.platform, cli)
     return make_plan(target.name, f, settings, load_platform(settings.platform))
@@ -134,9 +139,9 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
         p = _plan_for(c, ex, target, cli)
         for r in p.risks:
             output.console.print(f"[yellow]risk:[/] {r}")
-        outcome = apply(ex, p)
-        executions = ex.executions
-    output.steps_table(target.name, outcome.steps, executions)
+        outcome = apply(ex, p, reconnect=lambda: open_executor(target, ex.log_dir or Path("logs")),
+                        replan=lambda new: _plan_for(c, new, target, cli))
+    output.steps_table(target.name, outcome.steps, outcome.executions)
     if outcome.report is not None:
         output.verdict_table(target.name, outcome.report, outcome.report_path)
         if outcome.verdict == "FAIL":
@@ -152,6 +157,9 @@ def validate(c: Context, recipe: str | None = None, platform: str | None = None)
     """
     with session(c) as (target, ex):
         p = _plan_for(c, ex, target, _cli_settings(None, None, recipe, platform, None, None))
+        if p.layout is None or p.facts is None or \
+                not any(e.prefix == p.layout.env_prefix for e in p.facts.envs):
+            raise ProvisionError(f"{target.name}: no env to validate yet: run bootstrap first")
         outcome = apply(ex, p, only={"validate"})
     assert outcome.report is not None
     output.verdict_table(target.name, outcome.report, outcome.report_path)
@@ -174,6 +182,28 @@ def _cli_settings(python: str | None, torch: str | None, recipe: str | None,
         if problem:
             raise ProvisionError(f"--{key.replace('_', '-')}: {problem}")
     return cli
+
+
+@task(name="driver")
+@reports_errors
+def driver_task(c: Context) -> None:
+    """Install the NVIDIA driver where it is missing or too old and the host may be touched,
+    reboot if the module cannot load otherwise, verify nvidia-smi, hold the packages.
+
+    Example: gpu-provision -H my-vm driver
+    """
+    with session(c) as (target, ex):
+        p = _plan_for(c, ex, target, {})
+        decision = next(d for d in p.decisions if d.step == "driver")
+        if not any(s.name == "driver" for s in p.steps):
+            output.console.print(f"{target.name}: driver: nothing to do - {decision.reason}")
+            if p.blocked:
+                raise ProvisionError(f"{target.name}: {p.blocked}")
+            return
+        outcome = apply(ex, p, only={"driver"},
+                        reconnect=lambda: open_executor(target, ex.log_dir or Path("logs")),
+                        replan=lambda new: _plan_for(c, new, target, {}))
+    output.steps_table(target.name, outcome.steps, outcome.executions)
 
 
 @task(help={"driver": "NVIDIA driver version, e.g. 550.54.14 (omit: no GPU)",

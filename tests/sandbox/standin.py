@@ -228,8 +228,10 @@ def ubuntu_drivers(args: list[str], st: dict) -> int:
 
 def dpkg_query(args: list[str], st: dict) -> int:
     pkgs = st["driver"]["packages"] + st.get("packages", [])
+    fmt = args[args.index("-f") + 1] if "-f" in args else "${Package} ${Version} ${Status}\\n"
     for p in pkgs:
-        print(f"{p} {st['driver']['installed'] or ''} install ok installed")
+        line = fmt.replace("${Package}", p).replace("${Version}", st["driver"]["installed"] or "")
+        sys.stdout.write(line.replace("${Status}", "install ok installed").replace("\\n", "\n"))
     return 0 if pkgs else 1
 
 

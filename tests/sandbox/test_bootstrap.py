@@ -45,8 +45,10 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
         assert len(reports) == 1
         report = json.loads(reports[0].read_text())
         assert (report["verdict"], report["mode"], report["torch"]) == ("PASS", "cpu", "2.13.0+cpu")
-        logs = list((tmp_path / "logs" / info.id).glob("*/torch.log"))
-        assert logs and "Successfully installed" in logs[0].read_text()
+        logs = [p.read_text() for p in (tmp_path / "logs" / info.id).glob("*/torch.log")]
+        assert len(logs) == 2  # the run that installed, and the one the lock refused
+        assert sum("Successfully installed torch-2.13.0+cpu" in t for t in logs) == 1
+        assert sum("another run holds the lock" in t for t in logs) == 1
         steps = {p.stem: json.loads(p.read_text())
                  for p in info.path("/root/.gpu-provision/steps").glob("*.json")}
         assert {k: v["result"] for k, v in steps.items()} == {

@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from provision.errors import ProvisionError
-from provision.facts.host import parse_facts
+from provision.facts.host import HostFacts, parse_facts
+from provision.facts.nvidia import Gpu
+from provision.facts.osinfo import parse_os_release
+from provision.facts.pci import PciGpu
+from provision.facts.platform import Virtualization
 from provision.gather import facts_script, markers_of
 from provision.inventory import load_inventory, settings_for
+from provision.ops.driver import hold_step, install_step
 from provision.paths import templates_dir
-from provision.recipes import all_platforms
+from provision.plan import make_plan
+from provision.recipes import all_platforms, load_platform
 from provision.templating import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,8 +39,59 @@ def test_facts_script_renders_for_every_inventory(inventory: Path, recipe: str) 
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
+@pytest.fixture(scope="module")
+def here() -> HostFacts:
+    """The facts of this very machine: a real HostFacts to render the step scripts for."""
+    platforms = all_platforms()
+    out = subprocess.run(["bash", "-c", facts_script(platforms)], capture_output=True,
+                         text=True, timeout=60, check=True)
+    return parse_facts(json.loads(out.stdout), markers_of(platforms))
+
+
+def bash_ok(script: str) -> bool:
+    return subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+@pytest.mark.parametrize("inventory", INVENTORIES, ids=[p.stem for p in INVENTORIES])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_step_scripts_render_for_every_inventory(here: HostFacts, inventory: Path,
+                                                 recipe: str) -> None:
+    target = load_inventory(inventory)
+    settings = settings_for(target, None, {"recipe": recipe})
+    # a GPU VM with its driver, nothing else installed yet: every later step has a script
+    gpu = Gpu(0, "NVIDIA GeForce RTX 4090", driver="580.65.06", compute_cap="8.9")
+    fresh = replace(here, conda=(), envs=(), gpus=(gpu,), nvidia_state="ok", driver="580.65.06",
+                    driver_cuda="13.0", virtualization=Virtualization("vm", "kvm", "test"),
+                    pci_gpus=(PciGpu("01:00.0", "AD102 [GeForce RTX 4090]", "2684"),),
+                    os=parse_os_release("ID=ubuntu\nVERSION_ID=22.04\n"))
+    plan = make_plan(target.name, fresh, settings, load_platform(settings.platform))
+    rendered = [s for s in plan.steps if s.body]
+    assert {s.name for s in rendered} >= {"validate", "torch"}
+    for step in rendered:
+        script = render("step.sh.j2", step=step.name, inputs=step.inputs, run_id="r",
+                        owner="me@laptop", body=step.body)
+        assert bash_ok(script), step.name
+
+
+@pytest.mark.parametrize("os_release,branch,open_modules", [
+    ("ID=ubuntu\nVERSION_ID=22.04\n", 580, True),
+    ("ID=debian\nVERSION_ID=12\n", 580, False),
+    ("ID=centos\nVERSION_ID=7\nID_LIKE=\"rhel fedora\"\n", 550, False),
+    ("ID=rocky\nVERSION_ID=9.5\nID_LIKE=\"rhel centos fedora\"\n", 580, True),
+])
+def test_driver_scripts_render(here: HostFacts, os_release: str, branch: int,
+                               open_modules: bool) -> None:
+    facts = replace(here, os=parse_os_release(os_release))
+    for step in (install_step(facts, branch, open_modules, "install", "why"),
+                 hold_step(facts, branch, open_modules)):
+        assert step.body and bash_ok(step.body)
+
+
 def test_every_template_is_covered() -> None:
-    assert {p.name for p in templates_dir().iterdir() if p.suffix == ".j2"} == {"facts.sh.j2"}
+    shipped = {p.name for p in templates_dir().iterdir() if p.suffix in (".j2", ".py")}
+    assert shipped == {"facts.sh.j2", "step.sh.j2", "conda.sh.j2", "env.sh.j2", "torch.sh.j2",
+                       "packages.sh.j2", "validate.sh.j2", "validate_gpu.py", "driver.sh.j2",
+                       "driver_hold.sh.j2"}
 
 
 def test_facts_script_runs_here_in_one_process_and_parses() -> None:

@@ -1,0 +1,52 @@
+"""The NVIDIA driver: install with the distro's tools, then hold it. Only on hosts we may touch."""
+
+from __future__ import annotations
+
+from ..facts.host import HostFacts
+from ..templating import render
+from . import Step, inputs_hash
+
+CENTOS_VAULT = "https://vault.centos.org/7.9.2009"
+
+
+def family(facts: HostFacts) -> str:
+    """``apt``, ``el7`` (yum + ELRepo) or ``el`` (dnf + NVIDIA's repo)."""
+    if facts.os.family == "apt":
+        return "apt"
+    if facts.os.family == "yum" and (facts.os.major or 0) <= 7:
+        return "el7"
+    if facts.os.family == "yum":
+        return "el"
+    raise ValueError(f"no driver install path for {facts.os.label}")
+
+
+def install_step(facts: HostFacts, branch: int, open_modules: bool, action: str,
+                 reason: str) -> Step:
+    fam = family(facts)
+    kmod, x11 = ("kmod-nvidia-470xx", "nvidia-x11-drv-470xx") if branch == 470 else \
+        ("kmod-nvidia", "nvidia-x11-drv")
+    # Debian ships one branch as "nvidia-driver"; Ubuntu without ubuntu-drivers has per-branch names
+    apt_package = "nvidia-driver" if facts.os.id == "debian" else \
+        f"nvidia-driver-{branch}-server{'-open' if open_modules else ''}"
+    body = render("driver.sh.j2", family=fam, branch=str(branch), open_modules=open_modules,
+                  apt_package=apt_package, kmod=kmod, x11=x11, vault=CENTOS_VAULT,
+                  el=str(facts.os.major or 9))
+    return Step("driver", action, reason, body,
+                inputs_hash(branch=branch, open=open_modules, os=facts.os.id))
+
+
+def hold_step(facts: HostFacts, branch: int, open_modules: bool) -> Step:
+    fam = family(facts)
+    if fam == "apt":
+        fallback = ("nvidia-driver" if facts.os.id == "debian" else
+                    f"nvidia-driver-{branch}-server{'-open' if open_modules else ''}")
+        pattern = (f"^(nvidia-driver|nvidia-dkms|nvidia-kernel|nvidia-utils|libnvidia-compute)"
+                   f".*{branch}|^nvidia-driver$")
+    else:
+        fallback = ("kmod-nvidia-470xx" if branch == 470 else "kmod-nvidia") if fam == "el7" \
+            else ("nvidia-open" if open_modules else "cuda-drivers")
+        pattern = ""
+    body = render("driver_hold.sh.j2", family=fam, pattern=pattern, fallback=fallback)
+    return Step("driver-hold", f"hold the driver packages ({fallback})",
+                "so unattended upgrades cannot replace the driver under a running job", body,
+                inputs_hash(branch=branch))
