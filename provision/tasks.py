@@ -184,11 +184,47 @@ def _cli_settings(python: str | None, torch: str | None, recipe: str | None,
     return cli
 
 
+def _apply_only(c: Context, names: set[str], cli: dict[str, Any]) -> None:
+    with session(c) as (target, ex):
+        p = _plan_for(c, ex, target, cli)
+        outcome = apply(ex, p, only=names,
+                        reconnect=lambda: open_executor(target, ex.log_dir or Path("logs")),
+                        replan=lambda new: _plan_for(c, new, target, cli))
+    output.steps_table(target.name, outcome.steps, outcome.executions)
+
+
+@task(name="conda")
+@reports_errors
+def conda_task(c: Context, recipe: str | None = None, platform: str | None = None) -> None:
+    """Install Miniconda from the mirror (sha256 checked) with .condarc and pip.conf, if missing."""
+    _apply_only(c, {"conda"}, _cli_settings(None, None, recipe, platform, None, None))
+
+
+@task(name="env", help={"python": "env Python, e.g. 3.11", "env_name": "conda env name"})
+@reports_errors
+def env_task(c: Context, python: str | None = None, env_name: str | None = None,
+             recipe: str | None = None, platform: str | None = None) -> None:
+    """Create the conda env (or adopt the platform's), if missing."""
+    _apply_only(c, {"env"}, _cli_settings(python, None, recipe, platform, None, env_name))
+
+
+@task(name="torch", help={"torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'",
+                          "cuda_compat": "strict (default) or minor"})
+@reports_errors
+def torch_task(c: Context, torch: str | None = None, cuda_compat: str | None = None,
+               recipe: str | None = None, platform: str | None = None) -> None:
+    """Install the chosen torch build (and the recipe's packages) into the env, if needed."""
+    _apply_only(c, {"torch", "packages"},
+                _cli_settings(None, torch, recipe, platform, cuda_compat, None))
+
+
 @task(name="driver")
 @reports_errors
 def driver_task(c: Context) -> None:
-    """Install the NVIDIA driver where it is missing or too old and the host may be touched,
-    reboot if the module cannot load otherwise, verify nvidia-smi, hold the packages.
+    """Install the NVIDIA driver where missing or too old (hosts we may touch), then hold it.
+
+    Reboots only when the module cannot load otherwise, requires a new boot id, and verifies
+    nvidia-smi before holding the packages.
 
     Example: gpu-provision -H my-vm driver
     """
@@ -240,8 +276,9 @@ def pick(c: Context, driver: str | None = None, compute_cap: str | None = None,
 @reports_errors
 def refresh_compat(c: Context, index: str | None = None, json_: bool = False,
                    write: str | None = None) -> None:
-    """Read the live PyTorch index, print how it differs from the wheel data, optionally write
-    the refreshed data (new releases and variants added) for review.
+    """Diff the wheel data against a live PyTorch index; --write saves a refreshed copy.
+
+    The written file adds the index's new releases and variants, for review.
 
     Example: gpu-provision refresh-compat --write compat-new.yaml
     """
