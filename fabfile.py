@@ -14,3 +14,11 @@ from provision.tasks import (  # noqa: F401
     torch_task,
     validate,
 )
+
+# `fab -H a,b,c <task>` runs the hosts in parallel with one summary table, like `gpu-provision`:
+# Fab instantiates its executor class after loading this file.
+import fabric.main  # noqa: E402
+
+from provision.parallel import ParallelExecutor  # noqa: E402
+
+fabric.main.program.executor_class = ParallelExecutor

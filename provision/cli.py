@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from fabric import Config, Executor
+from fabric import Config
 from fabric.main import Fab
 from invoke.collection import Collection
 
 from . import __version__, tasks
+from .parallel import ParallelExecutor
 
 namespace = Collection.from_module(tasks)
 
 program = Fab(name="gpu-provision", version=__version__, namespace=namespace,
-              executor_class=Executor, config_class=Config)
+              executor_class=ParallelExecutor, config_class=Config)
 
 
 def main() -> None:

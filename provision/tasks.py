@@ -128,7 +128,7 @@ def _plan_for(c: Context, ex: Executor, target: Target, cli: dict[str, Any]) -> 
 @reports_errors
 def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
               recipe: str | None = None, platform: str | None = None,
-              cuda_compat: str | None = None, env_name: str | None = None) -> None:
+              cuda_compat: str | None = None, env_name: str | None = None) -> dict[str, Any]:
     """Turn the host into a validated PyTorch env: conda, env, torch, packages, validation.
 
     Safe to repeat: a provisioned host is checked in two remote executions and left unchanged.
@@ -145,7 +145,8 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
     if outcome.report is not None:
         output.verdict_table(target.name, outcome.report, outcome.report_path)
         if outcome.verdict == "FAIL":
-            raise Exit(code=1)
+            raise Exit(f"validation verdict FAIL (report {outcome.report_path})", code=1)
+    return {"steps": outcome.steps, "verdict": outcome.verdict}
 
 
 @task(help={"recipe": "recipe name", "platform": "platform profile name"})

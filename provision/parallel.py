@@ -1,0 +1,77 @@
+"""Many hosts at once: Fabric runs one call per host in turn; this executor runs them in
+parallel with bounded concurrency, keeps going when one host fails, and ends with one summary
+table. The exit code says whether any host failed."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fabric import Executor
+from invoke.exceptions import Exit
+from rich.table import Table
+
+from . import output
+
+MAX_PARALLEL = int(os.environ.get("GPU_PROVISION_PARALLEL", "8"))
+
+
+class ParallelExecutor(Executor):  # type: ignore[misc]
+    def execute(self, *tasks: Any) -> dict[Any, Any]:
+        calls = self.expand_calls(self.normalize(tasks))
+        hosts = [c for c in calls if getattr(c, "init_kwargs", None)]
+        if len(hosts) < 2:
+            return super().execute(*tasks)  # type: ignore[no-any-return]
+        config = self.config
+        jobs = []
+        for call in calls:  # contexts are made one by one: config loading is not thread-safe
+            config.load_collection(self.collection.configuration(call.called_as))
+            config.load_shell_env()
+            jobs.append((call, call.make_context(config)))
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(jobs)))) as pool:
+            futures = [(call, ctx, pool.submit(_run, call, ctx)) for call, ctx in jobs]
+            rows = [(ctx, f.result()) for _, ctx, f in futures]
+        summary(rows, time.monotonic() - started)
+        failed = [r for _, r in rows if r["error"] is not None]
+        if failed:
+            raise Exit(code=max(int(r["code"]) for r in failed))
+        return {call.task: r["value"] for (call, _), (_, r) in zip(jobs, rows, strict=True)}
+
+
+def label(ctx: Any) -> str:
+    return f"{getattr(ctx, 'user', '?')}@{getattr(ctx, 'host', '?')}:{getattr(ctx, 'port', '?')}"
+
+
+def _run(call: Any, ctx: Any) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        value = call.task(ctx, *call.args, **call.kwargs)
+        return {"value": value, "error": None, "code": 0, "seconds": time.monotonic() - started}
+    except Exit as exc:
+        msg = str(exc.message or "") if exc.code else None
+        if exc.code:
+            output.err_console.print(f"{label(ctx)}: {msg or 'failed'}")
+        return {"value": None, "error": msg or ("failed" if exc.code else None), "code": exc.code,
+                "seconds": time.monotonic() - started}
+    except Exception as exc:  # one host's failure never hides the others
+        output.err_console.print(f"{label(ctx)}: {type(exc).__name__}: {exc}")
+        return {"value": None, "error": f"{type(exc).__name__}: {exc}", "code": 1,
+                "seconds": time.monotonic() - started}
+
+
+def summary(rows: list[tuple[Any, dict[str, Any]]], wall: float) -> None:
+    t = Table(title=f"summary: {len(rows)} hosts in {wall:.1f}s", title_justify="left")
+    t.add_column("host", style="bold")
+    t.add_column("result")
+    t.add_column("steps (seconds)")
+    t.add_column("seconds", justify="right")
+    for ctx, r in rows:
+        value = r["value"] if isinstance(r["value"], dict) else {}
+        steps = ", ".join(f"{n} {s:.1f}" for n, res, s in value.get("steps", []) if res != "skipped")
+        result = "[red]failed[/]: " + str(r["error"]).splitlines()[0][:120] if r["error"] else \
+            f"ok{(' ' + value['verdict']) if value.get('verdict') else ''}"
+        t.add_row(label(ctx), result, steps or "-", f"{r['seconds']:.1f}")
+    output.console.print(t)

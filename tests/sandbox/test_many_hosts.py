@@ -1,0 +1,46 @@
+"""Many hosts at once: parallel, per-host output, one failure never hides the others."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, Hosts, gpu_provision
+
+pytestmark = pytest.mark.sandbox
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("program", ["gpu-provision", "fab"])
+def test_three_hosts_and_a_dead_one(hosts: Hosts, gp_home: Path, program: str) -> None:
+    infos = [hosts.get(p) for p in ("cpu-only", "rocky-9-h100", "debian-12")]
+    dead = f"root@127.0.0.1:{closed_port()}"
+    spec = ",".join([f"root@{i.host}:{i.port}" for i in infos] + [dead])
+    key = infos[0].key
+    if program == "fab":
+        r = subprocess.run([str(Path(sys.executable).with_name("fab")), "-i", key, "-H", spec,
+                            "plan", "--json"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, GPU_PROVISION_HOME=str(gp_home),
+                                                 COLUMNS="200"))
+    else:
+        r = gpu_provision("-i", key, "-H", spec, "plan", "--json", home=gp_home)
+    assert r.returncode == 1  # one host failed
+    assert "summary: 4 hosts" in r.stdout
+    assert f"{dead.split('@')[1]}: error: " in r.stderr or "connection refused" in r.stderr
+    summary = r.stdout[r.stdout.index("summary: 4 hosts"):]
+    for i in infos:
+        assert f"root@{i.host}:{i.port}" in r.stdout  # every live host's plan was printed
+    lines = [ln for ln in summary.splitlines() if "root@" in ln]
+    for i in infos:
+        assert any(f"root@{i.host}:{i.port}" in ln and "│ ok" in ln for ln in lines), summary
+    assert any(dead in ln and "failed" in ln for ln in lines), summary
