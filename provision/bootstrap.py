@@ -79,7 +79,20 @@ def run_step(ex: Executor, step: Step, run_id: str) -> Result:
     assert step.body is not None
     script = render("step.sh.j2", step=step.name, inputs=step.inputs, run_id=run_id,
                     owner=owner(), body=step.body)
-    result = ex.run(bash_script(script), step=step.name, check=False)
+    last: dict[str, Any] = {"text": "", "at": 0.0}
+
+    def progress(line: str) -> None:
+        """The step's heartbeat (elapsed time, last log line): shown when the line changes, or
+        every 10 s while it does not."""
+        if not line.startswith("gpu-provision: "):
+            return
+        text = line.split("s: ", 1)[-1]
+        if text != last["text"] or time.monotonic() - last["at"] >= 10:
+            last.update(text=text, at=time.monotonic())
+            output.console.print(f"{ex.host}: {line.removeprefix('gpu-provision: ')}",
+                                 markup=False, highlight=False)
+
+    result = ex.run(bash_script(script), step=step.name, check=False, progress=progress)
     if result.exit_code == LOCKED:
         raise ProvisionError(f"{ex.host}: {result.stderr.strip() or 'another run holds the lock'}"
                              " - wait for it to finish, then run bootstrap again")

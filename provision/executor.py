@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fabric import Connection
 
@@ -22,6 +24,24 @@ class Result:
     seconds: float
 
 
+class _Lines:
+    """A write()-able stream that hands complete lines to a callback (or drops them)."""
+
+    def __init__(self, emit: Callable[[str], None] | None):
+        self.emit, self.buf = emit, ""
+
+    def write(self, chunk: str) -> int:
+        self.buf += chunk
+        *lines, self.buf = self.buf.split("\n")
+        for line in lines:
+            if self.emit is not None:
+                self.emit(line)
+        return len(chunk)
+
+    def flush(self) -> None:
+        pass
+
+
 class Executor:
     """Runs Commands over one open connection; counts executions and keeps a log per step."""
 
@@ -30,14 +50,17 @@ class Executor:
         self.conn, self.host, self.log_dir, self.secrets = conn, host, log_dir, secrets
         self.executions = 0
 
-    def run(self, command: Command, step: str, check: bool = True,
-            timeout: int | None = None) -> Result:
+    def run(self, command: Command, step: str, check: bool = True, timeout: int | None = None,
+            progress: Callable[[str], None] | None = None) -> Result:
         """Run one command remotely (one SSH exec channel). Raises RemoteError when ``check``
-        and it exits non-zero."""
+        and it exits non-zero. ``progress`` receives each output line as it arrives."""
         started = time.monotonic()
         self.executions += 1
-        r = self.conn.run(command.render(), hide=True, warn=True, timeout=timeout,
-                          in_stream=False)
+        streams: dict[str, Any] = {"hide": True}
+        if progress is not None:  # shown as it comes; still collected in the result
+            streams = {"hide": False, "out_stream": _Lines(progress), "err_stream": _Lines(None)}
+        r = self.conn.run(command.render(), warn=True, timeout=timeout, in_stream=False,
+                          **streams)
         secrets = (*self.secrets, *command.secrets)
         result = Result(step=step, command=command.display(), stdout=r.stdout, stderr=r.stderr,
                         exit_code=r.exited, seconds=time.monotonic() - started)

@@ -5,6 +5,7 @@ sha256."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import yaml
 
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
+from tests.sandbox.proxy import TcpProxy
 
 pytestmark = pytest.mark.sandbox
 
@@ -27,7 +29,7 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
         first = subprocess.Popen([sys.executable, "-m", "provision", "-H", info.inventory,
                                   "bootstrap"], cwd=tmp_path, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True,
-                                 env={**__import__("os").environ,
+                                 env={**os.environ,
                                       "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"})
         deadline = time.monotonic() + 120
         while not (owner.exists() and "step torch" in owner.read_text()):
@@ -89,4 +91,47 @@ def test_bad_miniconda_sha256_installs_nothing(hosts: Hosts, gp_home: Path, tmp_
         entry = json.loads(info.path("/root/.gpu-provision/steps/conda.json").read_text())
         assert (entry["result"], entry["exit"]) == ("failed", 3)
     finally:
+        harness.stop(info.id)
+
+
+def test_dropped_connection_during_pip_then_reattach(hosts: Hosts, gp_home: Path,
+                                                      tmp_path: Path) -> None:
+    """The link dies during the torch install: the install goes on, detached, on the host; the
+    next bootstrap re-attaches to it and finishes."""
+    info = hosts.fresh("cpu-only")
+    proxy = TcpProxy((info.host, info.port))
+    try:
+        inv = yaml.safe_load(Path(info.inventory).read_text())
+        inv.update(host="127.0.0.1", port=proxy.port)
+        path = tmp_path / "via-proxy.yaml"
+        path.write_text(yaml.safe_dump(inv))
+        env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"}
+        first = subprocess.Popen([sys.executable, "-m", "provision", "-H", str(path), "bootstrap"],
+                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=env)
+        pidf = info.path("/root/.gpu-provision/steps/torch.pid")
+        deadline = time.monotonic() + 120
+        while not pidf.exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(2)  # pip is downloading now
+        proxy.cut()
+        out, err = first.communicate(timeout=60)
+        assert first.returncode != 0  # the laptop lost the host mid-step ...
+        pid = int(pidf.read_text().split()[0])
+        assert Path(f"/proc/{pid}").exists()  # ... but the install goes on, detached
+
+        again = gpu_provision("-H", str(path), "bootstrap", home=gp_home, cwd=tmp_path)
+        assert again.returncode == 0, again.stdout + again.stderr
+        logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("torch.log"))
+        assert "re-attaching to torch" in logs
+        assert "verdict: PASS" in again.stdout
+        entry = json.loads(info.path("/root/.gpu-provision/steps/torch.json").read_text())
+        assert entry["result"] == "ok"
+        # the re-attached install was not started again: one pip run in the host's log
+        host_log = info.path("/root/.gpu-provision/logs/torch.log").read_text()
+        assert host_log.count("Successfully installed") == 1
+    finally:
+        proxy.close()
         harness.stop(info.id)
