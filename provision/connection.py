@@ -9,10 +9,14 @@ IP met through a new inventory file is a new pin, and a reused IP:port is caught
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import paramiko
@@ -50,6 +54,10 @@ class PinningPolicy(paramiko.MissingHostKeyPolicy):
         self.pin_name, self.path, self.notify, self.replace = pin_name, path, notify, replace
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        with _pins_locked(self.path):  # many hosts pin at once (threads, or several programs)
+            self._check_or_pin(key)
+
+    def _check_or_pin(self, key: paramiko.PKey) -> None:
         keys = HostKeys()
         if self.path.exists():
             keys.load(str(self.path))
@@ -64,14 +72,29 @@ class PinningPolicy(paramiko.MissingHostKeyPolicy):
         if self.replace and pinned:
             del keys[self.pin_name]
         keys.add(self.pin_name, key.get_name(), key)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        keys.save(str(tmp))
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".known_hosts.")
+        os.close(fd)
+        keys.save(tmp)
         os.replace(tmp, self.path)  # atomic: a crash never leaves a half-written file
         if self.notify:
             verb = "re-pinned" if self.replace else "pinned on first use"
             self.notify(f"host key for {self.pin_name} {verb}: {key.get_name()} "
                         f"SHA256:{key.fingerprint.split(':', 1)[-1]} in {self.path}")
+
+
+_THREAD_LOCK = threading.Lock()
+
+
+@contextmanager
+def _pins_locked(path: Path) -> Iterator[None]:
+    """Serialise read-modify-write of the pin file across threads and processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _THREAD_LOCK, open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -147,9 +170,10 @@ def forget_pin(target: Target) -> bool:
     path = known_hosts_path()
     if not path.exists():
         return False
-    keys = HostKeys(str(path))
-    if keys.lookup(target.pin_name) is None:
-        return False
-    del keys[target.pin_name]
-    keys.save(str(path))
+    with _pins_locked(path):
+        keys = HostKeys(str(path))
+        if keys.lookup(target.pin_name) is None:
+            return False
+        del keys[target.pin_name]
+        keys.save(str(path))
     return True

@@ -43,6 +43,9 @@ INVENTORY_SCHEMA = {
     "notes": str,
 }
 
+GROUP_SCHEMA = {"group": Check([str], lambda xs: None if xs else "a group needs members"),
+                "notes": str}
+
 DEFAULT_RECIPE = "pytorch"
 
 
@@ -82,6 +85,43 @@ def load_inventory(path: Path, name: str | None = None) -> Target:
     return Target(name=name or path.stem, host=str(conn["host"]), port=int(conn.get("port") or 22),
                   user=str(conn.get("user") or "root"), key=conn.get("key"),
                   password_env=conn.get("password_env"), source=path, settings=data)
+
+
+def find_inventory(spec: str) -> Path | None:
+    """The inventory file an ``-H`` value names, if any."""
+    if spec.endswith((".yaml", ".yml")):
+        return Path(spec)
+    if v.NAME_RE.match(spec):
+        for d in inventory_dirs():
+            if (d / f"{spec}.yaml").is_file():
+                return d / f"{spec}.yaml"
+    return None
+
+
+def expand_hosts(spec: str) -> list[str]:
+    """Split a ``-H`` value on commas; a group file (``group: [names or paths]``, and at most
+    ``notes``) stands for its members. Groups do not nest."""
+    out: list[str] = []
+    for part in (p.strip() for p in spec.split(",")):
+        path = find_inventory(part) if part else None
+        if path is None or not path.is_file():
+            out += [part] if part else []
+            continue
+        data, lines = load_mapping(path, "inventory")
+        if "group" not in data:
+            out.append(part)
+            continue
+        check(data, GROUP_SCHEMA, path, lines)
+        for member in data["group"]:
+            inner = find_inventory(member)
+            if inner is None or not inner.is_file():
+                raise ConfigError(str(path), f"member {member!r} has no inventory file",
+                                  key="group", line=lines.get("group"))
+            if "group" in load_mapping(inner, "inventory")[0]:
+                raise ConfigError(str(path), f"member {member!r} is itself a group; groups do "
+                                  "not nest", key="group", line=lines.get("group"))
+            out.append(member)
+    return out
 
 
 def parse_host_string(text: str) -> tuple[str | None, str, int | None]:

@@ -14,11 +14,23 @@ from invoke.exceptions import Exit
 from rich.table import Table
 
 from . import output
+from .errors import ProvisionError
+from .inventory import expand_hosts
 
 MAX_PARALLEL = int(os.environ.get("GPU_PROVISION_PARALLEL", "8"))
 
 
 class ParallelExecutor(Executor):  # type: ignore[misc]
+    def expand_calls(self, calls: Any, apply_hosts: bool = True) -> Any:
+        """Inventory groups in ``-H`` become their member hosts first."""
+        hosts = self.core[0].args.hosts if apply_hosts and self.core else None
+        if hosts is not None and hosts.value:
+            try:
+                hosts.value = ",".join(expand_hosts(hosts.value))
+            except ProvisionError as exc:
+                raise Exit(f"error: {exc}", code=exc.exit_code) from None
+        return super().expand_calls(calls, apply_hosts)
+
     def execute(self, *tasks: Any) -> dict[Any, Any]:
         calls = self.expand_calls(self.normalize(tasks))
         hosts = [c for c in calls if getattr(c, "init_kwargs", None)]

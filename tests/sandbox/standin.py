@@ -184,19 +184,28 @@ APT_DRIVER = re.compile(r"^nvidia-driver-(\d+)(-server)?(-open)?(=.*)?$")
 RPM_DRIVER = re.compile(r"^kmod-nvidia(?:-(\d+)xx)?$")
 
 
-def packages_of(args: list[str]) -> list[str]:
-    return [a for a in args if not a.startswith("-") and a not in ("install", "-y")]
+def words(args: list[str]) -> list[str]:
+    """The non-option arguments (the verb, then packages); "-o Name=value" pairs skipped."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "-o":
+            skip = True
+        elif not a.startswith("-"):
+            out.append(a)
+    return out
 
 
 def apt_get(args: list[str], st: dict) -> int:
     if not args:
         return 100
-    verb = next((a for a in args if not a.startswith("-")), "")
+    verb, *pkgs = words(args) or [""]
     if verb in ("update", "upgrade", "autoremove", "clean"):
         print("Reading package lists... Done")
         return 0
     if verb == "install":
-        for pkg in packages_of(args[args.index("install") + 1:]):
+        for pkg in pkgs:
             m = APT_DRIVER.match(pkg)
             if m:
                 install_driver(st, m.group(1), pkg)
@@ -251,7 +260,7 @@ def yum(args: list[str], st: dict) -> int:
     verb = next((a for a in args if not a.startswith("-")), "")
     rest = args[args.index(verb) + 1:] if verb else []
     if verb == "install":
-        for pkg in packages_of(rest):
+        for pkg in words(rest):
             m = RPM_DRIVER.match(pkg)
             if m:
                 install_driver(st, m.group(1) or "550", pkg)  # ELRepo el7 ends at 550

@@ -44,3 +44,13 @@ def test_three_hosts_and_a_dead_one(hosts: Hosts, gp_home: Path, program: str) -
     for i in infos:
         assert any(f"root@{i.host}:{i.port}" in ln and "│ ok" in ln for ln in lines), summary
     assert any(dead in ln and "failed" in ln for ln in lines), summary
+
+
+def test_inventory_group(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    infos = [hosts.get(p) for p in ("cpu-only", "debian-12")]
+    group = tmp_path / "farm.yaml"
+    group.write_text("group:\n" + "".join(f"  - {i.inventory}\n" for i in infos))
+    r = gpu_provision("-H", str(group), "facts", home=gp_home, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "summary: 2 hosts" in r.stdout
+    assert "Ubuntu 24.04" in r.stdout and "Debian GNU/Linux 12" in r.stdout

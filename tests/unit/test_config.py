@@ -134,3 +134,21 @@ def test_name_resolves_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert (t.host, t.port, t.user, t.name) == ("5.6.7.8", 41000, "ubuntu", "my-4090")
     assert t.pin_name.startswith("inventory:") and t.pin_name.endswith("my-4090.yaml")
     assert resolve_target("other").host == "other"  # no file: a host name
+
+
+def test_groups_expand_to_members(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    inv = tmp_path / "inventories"
+    inv.mkdir()
+    write(inv, "host: 10.0.0.1\n", "a.yaml")
+    write(inv, "host: 10.0.0.2\n", "b.yaml")
+    write(inv, "group: [a, b]\nnotes: two 4090 boxes\n", "farm.yaml")
+    write(inv, "group: [farm]\n", "nested.yaml")
+    write(inv, "group: [a, ghost]\n", "broken.yaml")
+    monkeypatch.chdir(tmp_path)
+    from provision.inventory import expand_hosts
+    assert expand_hosts("farm,root@1.2.3.4:22") == ["a", "b", "root@1.2.3.4:22"]
+    assert expand_hosts("a") == ["a"]
+    with pytest.raises(ConfigError, match="nested.yaml:1: group: member 'farm' is itself a group"):
+        expand_hosts("nested")
+    with pytest.raises(ConfigError, match="broken.yaml:1: group: member 'ghost' has no inventory file"):
+        expand_hosts("broken")
