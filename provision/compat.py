@@ -86,6 +86,8 @@ class CompatData:
     variant_cuda: dict[str, tuple[int, ...]]
     releases: tuple[Release, ...]  # newest first
     default_index: str
+    miniconda_min_glibc: tuple[int, ...]  # what "latest" installers need
+    miniconda_old_glibc: str  # the installer version used below that
 
     def max_cuda_for_driver(self, driver: tuple[int, ...]) -> tuple[int, ...] | None:
         """Rule 1's fallback: the highest CUDA whose Table 3 minimum driver is <= ``driver``."""
@@ -128,6 +130,8 @@ def _load(text: str, path: str) -> CompatData:
             variant_cuda={k: dotted(v) for k, v in raw["variants"].items()},
             releases=tuple(sorted(releases, key=lambda r: r.version, reverse=True)),
             default_index=str(raw["default_index"]).rstrip("/"),
+            miniconda_min_glibc=dotted(raw["miniconda"]["latest_min_glibc"]),
+            miniconda_old_glibc=str(raw["miniconda"]["old_glibc_version"]),
         )
     except (KeyError, TypeError, ValueError, InvalidVersion) as exc:
         raise ConfigError(path, f"compatibility data is malformed: {exc!r}") from exc

@@ -12,6 +12,7 @@ from typing import Any
 from fabric import Executor
 from invoke.exceptions import Exit
 from rich.table import Table
+from rich.text import Text
 
 from . import output
 from .errors import ProvisionError
@@ -74,16 +75,24 @@ def _run(call: Any, ctx: Any) -> dict[str, Any]:
                 "seconds": time.monotonic() - started}
 
 
+def failure_cell(error: str) -> str:
+    """The error's first line (host, step, exit code) and the last lines of the step's output."""
+    lines = [ln for ln in error.splitlines() if ln.strip()]
+    tail = [ln for ln in lines[1:] if not ln.startswith(("fix:", "last output:"))][-4:]
+    return "failed: " + "\n".join(ln[:160] for ln in [lines[0], *tail])
+
+
 def summary(rows: list[tuple[Any, dict[str, Any]]], wall: float) -> None:
     t = Table(title=f"summary: {len(rows)} hosts in {wall:.1f}s", title_justify="left")
     t.add_column("host", style="bold")
-    t.add_column("result")
+    t.add_column("result", overflow="fold")
     t.add_column("steps (seconds)")
     t.add_column("seconds", justify="right")
     for ctx, r in rows:
         value = r["value"] if isinstance(r["value"], dict) else {}
         steps = ", ".join(f"{n} {s:.1f}" for n, res, s in value.get("steps", []) if res != "skipped")
-        result = "[red]failed[/]: " + str(r["error"]).splitlines()[0][:120] if r["error"] else \
-            f"ok{(' ' + value['verdict']) if value.get('verdict') else ''}"
-        t.add_row(label(ctx), result, steps or "-", f"{r['seconds']:.1f}")
+        # Text, not markup: error output may hold [brackets]
+        result = Text(failure_cell(str(r["error"])), style="red") if r["error"] else \
+            Text(f"ok{(' ' + value['verdict']) if value.get('verdict') else ''}")
+        t.add_row(Text(label(ctx)), result, steps or "-", f"{r['seconds']:.1f}")
     output.console.print(t)

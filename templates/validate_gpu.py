@@ -5,6 +5,7 @@ Schema: {"verdict": "PASS"|"WARN"|"FAIL", "mode": "gpu"|"cpu", "torch": str, "cu
 Argument 1: the number of GPUs nvidia-smi reported (0 for a host without one).
 """
 
+import ctypes
 import json
 import sys
 import time
@@ -38,6 +39,12 @@ def main() -> dict:
         return out
     if torch.version.cuda is None:
         check("cuda build", False, "Torch not compiled with CUDA enabled: the CPU wheel is installed")
+        return out
+    try:  # the driver's user-space library: without it CUDA cannot start, whatever nvidia-smi says
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        check("cuda available", False, "no libcuda.so.1 on this host: the NVIDIA driver's "
+              "user-space library is missing, so CUDA cannot start")
         return out
     available = torch.cuda.is_available()
     check("cuda available", available, "torch.cuda.is_available()" if available else

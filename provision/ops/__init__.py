@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..compat import TorchChoice, load_compat
+from ..compat import TorchChoice, dotted, load_compat
 from ..facts.host import CondaEnv, HostFacts
 from ..inventory import Settings
 from ..paths import templates_dir
@@ -71,13 +71,19 @@ def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
         return Step("conda", "none", f"conda found at {lay.conda_root}")
     m = settings.mirrors
     arch = facts.arch or "x86_64"
-    file = f"Miniconda3-{settings.miniconda_version}-Linux-{arch}.sh"
+    version, why = settings.miniconda_version, ""
+    data = load_compat()
+    if version == "latest" and facts.glibc and dotted(facts.glibc) < data.miniconda_min_glibc:
+        version = data.miniconda_old_glibc
+        why = (f"; glibc {facts.glibc} is older than the {'.'.join(map(str, data.miniconda_min_glibc))}"
+               f" current installers need, so {version}")
+    file = f"Miniconda3-{version}-Linux-{arch}.sh"
     base = m.miniconda.rstrip("/")
     body = render("conda.sh.j2", prefix=lay.conda_root, url=f"{base}/{file}", index=f"{base}/",
                   file=file, sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
                   pypi=m.pypi if m.pypi != DEFAULT_PYPI else "")
     return Step("conda", f"install Miniconda at {lay.conda_root}",
-                f"no conda on the host; {file} from {base}, sha256 checked", body,
+                f"no conda on the host; {file} from {base}, sha256 checked{why}", body,
                 inputs_hash(file=file, base=base, channels=m.conda_channels, pypi=m.pypi))
 
 

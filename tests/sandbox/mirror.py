@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlparse
 HERE = Path(__file__).resolve().parent
 MINICONDA_VERSION = "py311_25.1.1-2"
 INSTALLER = f"Miniconda3-{MINICONDA_VERSION}-Linux-x86_64.sh"
+OLD_GLIBC_INSTALLER = "Miniconda3-py310_23.11.0-2-Linux-x86_64.sh"  # for glibc 2.17 hosts
 TORCH_PROJECTS = ("torch", "torchvision", "torchaudio")
 # variant -> (project -> version served), taken from what lies on this machine
 _HASHES: dict[str, str] = {}
@@ -83,7 +84,7 @@ class Content:
     def build_miniconda(self) -> None:
         self.miniconda.mkdir(parents=True, exist_ok=True)
         src = (HERE / "miniconda_installer.sh").read_text()
-        for name in (INSTALLER, "Miniconda3-latest-Linux-x86_64.sh"):
+        for name in (INSTALLER, OLD_GLIBC_INSTALLER, "Miniconda3-latest-Linux-x86_64.sh"):
             (self.miniconda / name).write_text(src)
         rows = []
         for f in sorted(self.miniconda.glob("*.sh")):

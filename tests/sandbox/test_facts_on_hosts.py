@@ -129,6 +129,22 @@ def test_plan_decisions(hosts: Hosts, gp_home: Path, profile: str, driver_action
     assert p["blocked"] is None
 
 
+def test_plan_centos7_limits(hosts: Hosts, gp_home: Path) -> None:
+    p = plan_json(hosts.get("centos-7"), gp_home)
+    # glibc 2.17 stops torch at 2.6, and the ELRepo driver (550) at CUDA 12.4
+    assert (p["torch"]["torch"], p["torch"]["cuda"]) == ("2.6.0", "cu124")
+    conda = decision(p, "conda")
+    assert "Miniconda3-py310_23.11.0-2-Linux-x86_64.sh" in conda["reason"]
+    assert "glibc 2.17 is older than the 2.28 current installers need" in conda["reason"]
+    assert decision(p, "driver")["action"] == "install branch 550 with yum/dnf"
+
+
+def test_plan_h200_torch_2_14(hosts: Hosts, gp_home: Path) -> None:
+    p = plan_json(hosts.get("h200"), gp_home, "--torch", "2.14")
+    assert f"{p['torch']['torch']}+{p['torch']['cuda']}" == "2.14.1+cu130"
+    assert p["torch"]["torchvision"] == "0.29.1"
+
+
 def test_plan_nouveau_reason(hosts: Hosts, gp_home: Path) -> None:
     d = decision(plan_json(hosts.get("ubuntu-20.04-nodriver"), gp_home), "driver")
     assert "nouveau is loaded" in d["reason"] and "no NVIDIA driver installed" in d["reason"]

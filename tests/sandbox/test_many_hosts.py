@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, Hosts, gpu_provision
+from tests.sandbox import harness
 
 pytestmark = pytest.mark.sandbox
 
@@ -54,3 +56,32 @@ def test_inventory_group(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "summary: 2 hosts" in r.stdout
     assert "Ubuntu 24.04" in r.stdout and "Debian GNU/Linux 12" in r.stdout
+
+
+def test_bootstrap_three_hosts_one_broken(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    """Two CPU hosts provision in parallel; the third (a corrupted Miniconda) fails alone and the
+    summary shows its step and last output lines."""
+    good = [hosts.fresh("cpu-only") for _ in range(2)]
+    bad = hosts.fresh("cpu-only")
+    try:
+        broken = yaml.safe_load(Path(bad.inventory).read_text())
+        broken["miniconda_sha256"] = "f" * 64
+        broken_path = tmp_path / "broken.yaml"
+        broken_path.write_text(yaml.safe_dump(broken))
+        group = tmp_path / "three.yaml"
+        group.write_text(yaml.safe_dump({"group": [good[0].inventory, good[1].inventory,
+                                                   str(broken_path)]}))
+        r = gpu_provision("-H", str(group), "bootstrap", home=gp_home, cwd=tmp_path, timeout=900)
+        assert r.returncode == 1
+        summary = r.stdout[r.stdout.index("summary: 3 hosts"):]
+        rows = summary.split("│ root@")
+        ok = [row for row in rows if "ok PASS" in row]
+        failed = [row for row in rows if "failed:" in row]
+        assert len(ok) == 2 and len(failed) == 1, summary
+        assert "step 'conda' failed with exit code 3" in failed[0].replace("\n", " ").replace("│", "")
+        assert "sha256mismatch" in "".join(failed[0].replace("│", "").split()), summary
+        assert all("torch" in row for row in ok)  # per-step durations: conda, env, torch, ...
+        assert not bad.path("/root/miniconda3").exists()
+    finally:
+        for h in (*good, bad):
+            harness.stop(h.id)

@@ -1,0 +1,73 @@
+"""Bootstrap on GPU sandbox hosts with the real CUDA 13.0 wheel from the mirror (several GB):
+the driver path, the install, and validation that fails honestly (this machine has no GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Hosts, facts_json, gpu_provision
+from tests.sandbox import harness
+
+pytestmark = pytest.mark.sandbox
+
+NO_LIBCUDA = ("no libcuda.so.1 on this host: the NVIDIA driver's user-space library is missing, "
+              "so CUDA cannot start")
+
+
+def report(tmp_path: Path, host: str) -> dict[str, object]:
+    [path] = (tmp_path / "reports" / host).glob("validate-*.json")
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+def test_no_driver_vm_bootstrap_end_to_end(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    info = hosts.fresh("ubuntu-20.04-nodriver")
+    try:
+        boot = facts_json(info, gp_home)["boot_id"]
+        r = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path,
+                          timeout=1500)
+        assert "rebooting (the module cannot load without it)" in r.stdout
+        f = facts_json(info, gp_home)
+        assert f["boot_id"] != boot and f["driver"] == "580.82.09"
+        assert info.state()["held"] == ["nvidia-driver-580-server-open"]
+        for step in ("conda", "env", "torch"):
+            entry = json.loads(info.path(f"/root/.gpu-provision/steps/{step}.json").read_text())
+            assert entry["result"] == "ok", step
+        env = {e["name"]: e for e in f["envs"]}["torch"]
+        assert (env["torch"].split("+")[0], env["torch_cuda"]) == ("2.14.1", "13.0")
+        # no GPU here: the verdict says so, in one line, and the exit code says FAIL
+        assert r.returncode == 1 and "verdict: FAIL" in r.stdout
+        rep = report(tmp_path, info.id)
+        assert rep["verdict"] == "FAIL"
+        assert {"name": "cuda available", "status": "fail", "reason": NO_LIBCUDA} in rep["checks"]
+    finally:
+        harness.stop(info.id)
+
+
+def test_h200_torch_2_14_cu130(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    info = hosts.fresh("h200")
+    try:
+        r = gpu_provision("-H", info.inventory, "bootstrap", "--torch", "2.14", home=gp_home,
+                          cwd=tmp_path, timeout=1500)
+        assert "torch: install torch 2.14.1+cu130" in r.stdout
+        assert r.returncode == 1 and "verdict: FAIL" in r.stdout
+        rep = report(tmp_path, info.id)
+        assert (rep["torch"].split("+")[0], rep["cuda"]) == ("2.14.1", "13.0")
+        assert [c["reason"] for c in rep["checks"] if c["status"] == "fail"] == [NO_LIBCUDA]
+        assert not {c["tool"] for c in info.calls()} & {"apt-get", "ubuntu-drivers", "reboot"}
+    finally:
+        harness.stop(info.id)
+
+
+def test_autodl_uses_the_platform_conda_and_env(hosts: Hosts, gp_home: Path,
+                                                tmp_path: Path) -> None:
+    info = hosts.get("autodl")
+    for task in ("driver", "conda", "env"):
+        r = gpu_provision("-H", info.inventory, task, home=gp_home, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"{task}: nothing to do" in r.stdout
+    assert "adopt the platform's env 'base'" in r.stdout
+    assert not {c["tool"] for c in info.calls()} & {"apt-get", "ubuntu-drivers", "modprobe",
+                                                     "reboot", "dpkg-query", "apt-mark"}
