@@ -6,7 +6,9 @@
   holds the real CPU wheel of torch 2.13.0 from pip's find-links folder, ``cu130`` the real CUDA
   13.0 build of torch 2.14.1 and torchvision 0.29.1 from the local file index; every other
   project (torch's dependencies, the nvidia-* wheels) comes from the local file indexes;
-- ``/pypi/simple/``: the local file indexes as a PyPI mirror;
+- ``/pypi/simple/``: the local file indexes as a PyPI mirror; a project they lack (cuda-bindings,
+  say) is fetched from the upstream index (``$GPU_SANDBOX_UPSTREAM``, default PyPI) through the
+  mirror itself, so hosts never need a route of their own;
 - ``/conda/``: an (empty) channel URL for ``.condarc``.
 """
 
@@ -22,11 +24,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from functools import cache
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 HERE = Path(__file__).resolve().parent
 MINICONDA_VERSION = "py311_25.1.1-2"
@@ -35,6 +40,7 @@ OLD_GLIBC_INSTALLER = "Miniconda3-py310_23.11.0-2-Linux-x86_64.sh"  # for glibc 
 TORCH_PROJECTS = ("torch", "torchvision", "torchaudio")
 # variant -> (project -> version served), taken from what lies on this machine
 _HASHES: dict[str, str] = {}
+UPSTREAM = os.environ.get("GPU_SANDBOX_UPSTREAM", "https://pypi.org/simple")
 VARIANTS = {"cpu": {"torch": "2.13.0"}, "cu130": {"torch": "2.14.1", "torchvision": "0.29.1"}}
 
 
@@ -96,7 +102,9 @@ class Content:
 
     @cache  # noqa: B019 - one Content lives as long as the server; the pages do not change
     def project_links(self, project: str) -> tuple[tuple[str, str], ...]:
-        """(file name, local path) of every file of ``project`` in the local indexes."""
+        """(file name, ref) of every file of ``project`` in the local indexes; a project they
+        lack (a binary dependency such as cuda-bindings) comes from the upstream index, through
+        this mirror, so hosts need no route of their own to it."""
         found = []
         for i, root in enumerate(self.indexes):
             page = root / norm(project) / "index.html"
@@ -106,7 +114,26 @@ class Content:
                 rel = unquote(href.split("#", 1)[0])
                 path = (page.parent / rel).resolve()
                 found.append((path.name, f"{i}/{path.relative_to(root.parent.resolve())}"))
+        if not found and self.indexes:
+            found = self.upstream_links(project)
         return tuple(found)
+
+    def upstream_links(self, project: str) -> list[tuple[str, str]]:
+        url = f"{UPSTREAM}/{norm(project)}/"
+        try:
+            req = urllib.request.Request(url, headers={"Accept": "text/html"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                body = r.read().decode("utf-8", "replace")
+        except (urllib.error.URLError, TimeoutError):
+            return []
+        out = []
+        for href in re.findall(r'href="([^"]+)"', body):
+            absolute = urllib.parse.urljoin(url, html.unescape(href))
+            file_url, _, frag = absolute.partition("#")
+            if frag.startswith("sha256="):
+                _HASHES[f"up/{quote(file_url, safe='')}"] = frag.removeprefix("sha256=")
+            out.append((unquote(file_url.rsplit("/", 1)[-1]), f"up/{quote(file_url, safe='')}"))
+        return out
 
     def projects(self) -> list[str]:
         names = set()
@@ -176,17 +203,33 @@ class Handler(SimpleHTTPRequestHandler):
             while chunk := f.read(1 << 20):
                 self.wfile.write(chunk)
 
+    def send_upstream(self, url: str) -> None:
+        if not url.startswith("https://"):
+            return self.send_error(403)
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", r.headers.get("Content-Length", "0"))
+                self.end_headers()
+                while chunk := r.read(1 << 20):
+                    self.wfile.write(chunk)
+        except (urllib.error.URLError, TimeoutError):
+            self.send_error(502)
+
     def do_HEAD(self) -> None:
         self.do_GET()
 
     def do_GET(self) -> None:  # noqa: C901 - a router
         c = self.content
-        path = unquote(urlparse(self.path).path)
-        parts = [p for p in path.split("/") if p]
+        # split before unquoting: an upstream file ref is one %-encoded URL segment
+        parts = [unquote(p) for p in urlparse(self.path).path.split("/") if p]
         try:
             if parts[:1] == ["miniconda"]:
                 f = c.miniconda / (parts[1] if len(parts) > 1 else "index.html")
                 return self.send_file(f) if f.is_file() else self.send_error(404)
+            if parts[:2] == ["files", "up"] and len(parts) == 3:
+                return self.send_upstream(parts[2])
             if parts[:1] == ["files"]:
                 f = c.local_file("/".join(parts[1:]))
                 return self.send_file(f) if f else self.send_error(404)
@@ -215,7 +258,7 @@ class Handler(SimpleHTTPRequestHandler):
             pass
 
     def hash_of(self, ref: str) -> str:
-        if ref not in _HASHES:  # files do not change while the mirror runs
+        if ref not in _HASHES:  # files do not change while the mirror runs (upstream: from its page)
             f = self.content.local_file(ref)
             _HASHES[ref] = sha256(f) if f else ""
         return _HASHES[ref]
