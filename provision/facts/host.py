@@ -141,7 +141,8 @@ def parse_envs(text: str) -> tuple[CondaEnv, ...]:
         if len(parts) != 4:
             continue
         root, prefix, py, tv = parts
-        torch_vals = dict(re.findall(r"(\w+)=(\S+)", tv))
+        # torch/version.py: "__version__ = '2.5.1+cu124'" and "cuda: Optional[str] = '12.4'"
+        torch_vals = dict(re.findall(r"(__version__|cuda)(?::[^=\s]*)?=(\S+)", tv))
         cuda = torch_vals.get("cuda")
         envs.append(CondaEnv(
             conda=root, prefix=prefix,

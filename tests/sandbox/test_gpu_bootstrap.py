@@ -57,6 +57,12 @@ def test_h200_torch_2_14_cu130(hosts: Hosts, gp_home: Path, tmp_path: Path) -> N
         assert (rep["torch"].split("+")[0], rep["cuda"]) == ("2.14.1", "13.0")
         assert [c["reason"] for c in rep["checks"] if c["status"] == "fail"] == [NO_LIBCUDA]
         assert not {c["tool"] for c in info.calls()} & {"apt-get", "ubuntu-drivers", "reboot"}
+        # the CUDA build is recognised on the next run: nothing reinstalled, two executions
+        before = len(info.sessions())
+        again = gpu_provision("-H", info.inventory, "bootstrap", "--torch", "2.14", home=gp_home,
+                              cwd=tmp_path)
+        assert "torch: nothing to do - torch 2.14.1+cu130 already installed" in again.stdout
+        assert len(info.sessions()) - before == 2
     finally:
         harness.stop(info.id)
 

@@ -46,3 +46,15 @@ def test_platform_markers_from_the_shipped_profiles() -> None:
 def test_first_matching_platform_wins() -> None:
     ms = [PlatformMarkers("a", files=("/x",)), PlatformMarkers("b", files=("/x",))]
     assert detect_platform(ms, ["/x"], [], "")[0] == "a"
+
+
+def test_envs_probe_reads_torch_version_py_of_every_era() -> None:
+    from provision.facts.host import parse_envs
+    # torch/version.py as the probe flattens it: 2.x annotates `cuda`, 1.x did not
+    rows = ("/r|/r|python3.11|\n"
+            "/r|/r/envs/a|python3.11|__version__=2.14.1+cu130 cuda:Optional[str]=13.0 \n"
+            "/r|/r/envs/b|python3.10|__version__=2.13.0+cpu cuda:Optional[str]=None \n"
+            "/r|/r/envs/c|python3.9|__version__=1.13.1+cu117 cuda=11.7 \n")
+    envs = {e.name: (e.python, e.torch, e.torch_cuda) for e in parse_envs(rows)}
+    assert envs == {"base": ("3.11", None, None), "a": ("3.11", "2.14.1+cu130", "13.0"),
+                    "b": ("3.10", "2.13.0+cpu", None), "c": ("3.9", "1.13.1+cu117", "11.7")}
