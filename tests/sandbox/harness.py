@@ -91,6 +91,13 @@ class HostInfo:
         text = log.read_text(errors="replace") if log.exists() else ""
         return [ln for ln in text.splitlines() if "Starting session:" in ln]
 
+    def inventory_with(self, dest: Path, **changes: Any) -> str:
+        """A copy of this host's inventory with some keys changed (a bad sha256, a proxy port)."""
+        data = yaml.safe_load(Path(self.inventory).read_text())
+        data.update(changes)
+        dest.write_text(yaml.safe_dump(data))
+        return str(dest)
+
     def path(self, inside: str) -> Path:
         """A path of the host's file system, as it lies on this machine (for checks)."""
         root = Path(self.root)

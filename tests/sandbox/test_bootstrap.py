@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
@@ -79,11 +78,8 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
 def test_bad_miniconda_sha256_installs_nothing(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
     info = hosts.fresh("cpu-only")
     try:
-        inv = yaml.safe_load(Path(info.inventory).read_text())
-        inv["miniconda_sha256"] = "0" * 64
-        path = tmp_path / "bad-sha.yaml"
-        path.write_text(yaml.safe_dump(inv))
-        r = gpu_provision("-H", str(path), "bootstrap", home=gp_home, cwd=tmp_path)
+        path = info.inventory_with(tmp_path / "bad-sha.yaml", miniconda_sha256="0" * 64)
+        r = gpu_provision("-H", path, "bootstrap", home=gp_home, cwd=tmp_path)
         assert r.returncode == 1
         assert "step 'conda' failed with exit code 3" in r.stderr
         assert "sha256 mismatch" in r.stderr and "nothing installed" in r.stderr
@@ -101,12 +97,9 @@ def test_dropped_connection_during_pip_then_reattach(hosts: Hosts, gp_home: Path
     info = hosts.fresh("cpu-only")
     proxy = TcpProxy((info.host, info.port))
     try:
-        inv = yaml.safe_load(Path(info.inventory).read_text())
-        inv.update(host="127.0.0.1", port=proxy.port)
-        path = tmp_path / "via-proxy.yaml"
-        path.write_text(yaml.safe_dump(inv))
+        path = info.inventory_with(tmp_path / "via-proxy.yaml", host="127.0.0.1", port=proxy.port)
         env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"}
-        first = subprocess.Popen([sys.executable, "-m", "provision", "-H", str(path), "bootstrap"],
+        first = subprocess.Popen([sys.executable, "-m", "provision", "-H", path, "bootstrap"],
                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, env=env)
         pidf = info.path("/root/.gpu-provision/steps/torch.pid")
@@ -122,7 +115,7 @@ def test_dropped_connection_during_pip_then_reattach(hosts: Hosts, gp_home: Path
         pid = int(pidf.read_text().split()[0])
         assert Path(f"/proc/{pid}").exists()  # ... but the install goes on, detached
 
-        again = gpu_provision("-H", str(path), "bootstrap", home=gp_home, cwd=tmp_path)
+        again = gpu_provision("-H", path, "bootstrap", home=gp_home, cwd=tmp_path)
         assert again.returncode == 0, again.stdout + again.stderr
         logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("torch.log"))
         assert "re-attaching to torch" in logs

@@ -64,13 +64,10 @@ def test_bootstrap_three_hosts_one_broken(hosts: Hosts, gp_home: Path, tmp_path:
     good = [hosts.fresh("cpu-only") for _ in range(2)]
     bad = hosts.fresh("cpu-only")
     try:
-        broken = yaml.safe_load(Path(bad.inventory).read_text())
-        broken["miniconda_sha256"] = "f" * 64
-        broken_path = tmp_path / "broken.yaml"
-        broken_path.write_text(yaml.safe_dump(broken))
+        broken_path = bad.inventory_with(tmp_path / "broken.yaml", miniconda_sha256="f" * 64)
         group = tmp_path / "three.yaml"
         group.write_text(yaml.safe_dump({"group": [good[0].inventory, good[1].inventory,
-                                                   str(broken_path)]}))
+                                                   broken_path]}))
         r = gpu_provision("-H", str(group), "bootstrap", home=gp_home, cwd=tmp_path, timeout=900)
         assert r.returncode == 1
         summary = r.stdout[r.stdout.index("summary: 3 hosts"):]
