@@ -17,12 +17,6 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def use_console(c: Console) -> None:
-    """Send output to another console (tests render to a string buffer)."""
-    global console
-    console = c
-
-
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()

@@ -7,7 +7,7 @@ from typing import Any
 
 from . import ops
 from .compat import TorchChoice, choose_torch, parse_compute_cap
-from .errors import NoWheelError, ProvisionError
+from .errors import NoWheelError
 from .facts.host import HostFacts, cc_from_name
 from .inventory import Settings
 from .ops import driver as driver_ops
@@ -175,9 +175,3 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
                 risks=torch.risks if torch else (), blocked=blocked, steps=tuple(steps),
                 layout=lay, facts=facts, driver_branch=install)
-
-
-def require_plan(plan: Plan) -> Plan:
-    if plan.blocked:
-        raise ProvisionError(f"{plan.host}: {plan.blocked}")
-    return plan
