@@ -18,7 +18,6 @@ from typing import Any
 
 from . import output
 from .command import bash_script
-from .compat import load_compat
 from .connection import AUTH_REFUSED, HOST_KEY_CHANGED
 from .errors import ProvisionError, RemoteError, SSHError
 from .executor import Executor, Result
@@ -110,8 +109,7 @@ def check_torch(plan: Plan, stdout: str) -> None:
         raise ProvisionError("torch was installed but `import torch` printed nothing usable")
     got = json.loads(m.group(1))
     choice = plan.torch
-    want_cuda = None if choice.cuda == "cpu" else ".".join(
-        map(str, load_compat().variant_cuda[choice.cuda][:2]))
+    want_cuda = choice.cuda_version
     if got["version"].split("+")[0] != choice.torch or got["cuda"] != want_cuda:
         raise ProvisionError(f"installed torch {got['version']} (CUDA {got['cuda']}) is not the "
                              f"chosen {choice.label} (CUDA {want_cuda}); the index "

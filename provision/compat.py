@@ -180,6 +180,13 @@ class TorchChoice:
     def label(self) -> str:
         return f"torch {self.torch}+{self.cuda}"
 
+    @property
+    def cuda_version(self) -> str | None:
+        """What ``torch.version.cuda`` reports for this build ("13.0"; None for cpu)."""
+        if self.cuda == "cpu":
+            return None
+        return ".".join(map(str, load_compat().variant_cuda[self.cuda][:2]))
+
 
 def torch_spec(spec: str | None) -> SpecifierSet:
     """``2.5`` -> ``==2.5.*``; ``2.5.0`` -> exact; PEP 440 ranges as given; None -> any."""

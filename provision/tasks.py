@@ -15,7 +15,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 from . import output
-from .bootstrap import apply
+from .bootstrap import Outcome, apply
 from .compat import choose_torch, compat_text, load_compat
 from .connection import connect, forget_pin, known_hosts_path
 from .errors import ProvisionError
@@ -122,6 +122,14 @@ def _plan_for(c: Context, ex: Executor, target: Target, cli: dict[str, Any]) -> 
     return make_plan(target.name, f, settings, load_platform(settings.platform))
 
 
+def _apply(c: Context, target: Target, ex: Executor, p: Plan, cli: dict[str, Any],
+           only: set[str] | None = None) -> Outcome:
+    """Apply ``p``; a reboot reconnects to the same target and re-plans from fresh facts."""
+    return apply(ex, p, only=only,
+                 reconnect=lambda: open_executor(target, ex.log_dir or Path("logs")),
+                 replan=lambda new: _plan_for(c, new, target, cli))
+
+
 @task(help={"python": "env Python, e.g. 3.11", "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'",
             "recipe": "recipe name", "platform": "platform profile name",
             "cuda_compat": "strict (default) or minor", "env_name": "conda env name"})
@@ -139,8 +147,7 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
         p = _plan_for(c, ex, target, cli)
         for r in p.risks:
             output.console.print(f"[yellow]risk:[/] {r}")
-        outcome = apply(ex, p, reconnect=lambda: open_executor(target, ex.log_dir or Path("logs")),
-                        replan=lambda new: _plan_for(c, new, target, cli))
+        outcome = _apply(c, target, ex, p, cli)
     output.steps_table(target.name, outcome.steps, outcome.executions)
     if outcome.report is not None:
         output.verdict_table(target.name, outcome.report, outcome.report_path)
@@ -187,10 +194,7 @@ def _cli_settings(python: str | None, torch: str | None, recipe: str | None,
 
 def _apply_only(c: Context, names: set[str], cli: dict[str, Any]) -> None:
     with session(c) as (target, ex):
-        p = _plan_for(c, ex, target, cli)
-        outcome = apply(ex, p, only=names,
-                        reconnect=lambda: open_executor(target, ex.log_dir or Path("logs")),
-                        replan=lambda new: _plan_for(c, new, target, cli))
+        outcome = _apply(c, target, ex, _plan_for(c, ex, target, cli), cli, only=names)
     output.steps_table(target.name, outcome.steps, outcome.executions)
 
 
@@ -237,9 +241,7 @@ def driver_task(c: Context) -> None:
             if p.blocked:
                 raise ProvisionError(f"{target.name}: {p.blocked}")
             return
-        outcome = apply(ex, p, only={"driver"},
-                        reconnect=lambda: open_executor(target, ex.log_dir or Path("logs")),
-                        replan=lambda new: _plan_for(c, new, target, {}))
+        outcome = _apply(c, target, ex, p, {}, only={"driver"})
     output.steps_table(target.name, outcome.steps, outcome.executions)
 
 

@@ -114,9 +114,7 @@ def torch_matches(env: CondaEnv | None, choice: TorchChoice) -> bool:
     """The env's torch is the chosen release and build (PyPI-named CUDA builds have no +cuXXX)."""
     if env is None or env.torch is None:
         return False
-    want_cuda = None if choice.cuda == "cpu" else ".".join(
-        map(str, load_compat().variant_cuda[choice.cuda][:2]))
-    return env.torch.split("+")[0] == choice.torch and env.torch_cuda == want_cuda
+    return env.torch.split("+")[0] == choice.torch and env.torch_cuda == choice.cuda_version
 
 
 def torch_step(facts: HostFacts, settings: Settings, lay: Layout, choice: TorchChoice) -> Step:
