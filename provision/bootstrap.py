@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from . import output
-from .command import bash_script
+from .command import bash_script, mask
 from .connection import AUTH_REFUSED, HOST_KEY_CHANGED
+from .doctor import diagnose
 from .errors import ProvisionError, RemoteError, SSHError
 from .executor import Executor, Result
 from .ops import Step
@@ -96,9 +97,12 @@ def run_step(ex: Executor, step: Step, run_id: str) -> Result:
         raise ProvisionError(f"{ex.host}: {result.stderr.strip() or 'another run holds the lock'}"
                              " - wait for it to finish, then run bootstrap again")
     if result.exit_code != 0:
-        raise RemoteError(ex.host, step.name, result.exit_code, result.stdout + result.stderr,
-                          fix=f"the full log is in {ex.log_dir}/{step.name}.log and on the host "
-                              f"in ~/.gpu-provision/logs/{step.name}.log")
+        text = mask(result.stdout + result.stderr, ex.secrets)
+        known = diagnose({f"step {step.name}": text}, host=ex.host)
+        hint = f"{known[0].diagnosis} {known[0].fix}\n" if known else ""
+        raise RemoteError(ex.host, step.name, result.exit_code, text,
+                          fix=f"{hint}the full log is in {ex.log_dir}/{step.name}.log and on the "
+                              f"host in ~/.gpu-provision/logs/{step.name}.log")
     return result
 
 

@@ -332,6 +332,16 @@ def _no_cpu_message(releases: list[Release], python: str, glibc: str | None) -> 
     return msg + (f" and glibc {glibc}" if glibc else "")
 
 
+def first_build_with(cc: tuple[int, int]) -> tuple[str, str, str] | None:
+    """The oldest (torch release, variant) with kernels for ``cc``, and the driver it needs."""
+    d = load_compat()
+    for rel in reversed(d.releases):
+        for variant in sorted(rel.variants, key=lambda v: d.variant_cuda.get(v, ())):
+            if variant in d.variant_cuda and _covers(rel.variants[variant], cc):
+                return str(rel.version), variant, d.native_driver(variant)
+    return None
+
+
 def _nearest_fixes(d: CompatData, releases: list[Release], caps: list[tuple[int, int]],
                    driver: str, py: tuple[int, ...], libc: tuple[int, ...] | None,
                    policy: str, python: str, spec: str | None) -> str:

@@ -22,7 +22,9 @@ def markers_of(platforms: tuple[Platform, ...]) -> tuple[PlatformMarkers, ...]:
                  for p in platforms)
 
 
-def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = ()) -> str:
+def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (),
+                 step_logs: bool = False) -> str:
+    """``step_logs``: also the tail of each step's log on the host (for doctor)."""
     return render(
         "facts.sh.j2",
         probe_timeout=20,
@@ -32,13 +34,15 @@ def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (
         query_fields_nocc=",".join(f for f in QUERY_FIELDS if f != "compute_cap"),
         journal_dir=JOURNAL_DIR,
         conda_prefixes=CONDA_PREFIXES,
+        step_logs=step_logs,
     )
 
 
-def gather(ex: Executor, platforms: tuple[Platform, ...],
-           data_dirs: tuple[str, ...] = ()) -> HostFacts:
+def gather(ex: Executor, platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (),
+           step_logs: bool = False) -> HostFacts:
     """ONE remote execution; the parse happens locally."""
-    result = ex.run(bash_script(facts_script(platforms, data_dirs)), step="facts", check=False)
+    result = ex.run(bash_script(facts_script(platforms, data_dirs, step_logs)), step="facts",
+                    check=False)
     try:
         doc = json.loads(result.stdout)
     except ValueError:

@@ -92,7 +92,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         return choose_torch(driver=driver, compute_caps=caps, python=settings.python,
                             torch=settings.torch, cuda_compat=settings.cuda_compat, glibc=glibc,
                             driver_cuda=driver_cuda, arch=facts.arch or "x86_64",
-                            index=settings.mirrors.pytorch)
+                            index=settings.mirrors.pytorch[0])
 
     # Driver
     if not facts.has_nvidia_gpu:

@@ -17,11 +17,11 @@ from .yamlspec import Check, check, load_mapping
 
 MIRRORS_SCHEMA = {
     "apt": Check(str, v.url),
-    "miniconda": Check(str, v.url),
+    "miniconda": Check((str, [str]), v.urls),
     "conda_channels": Check([str], lambda xs: None if all(
         not v.url(x) or not v.name(x) for x in xs) else f"{xs!r}: each channel is a name or URL"),
-    "pypi": Check(str, v.url),
-    "pytorch": Check(str, v.url),
+    "pypi": Check((str, [str]), v.urls),
+    "pytorch": Check((str, [str]), v.urls),
 }
 
 RECIPE_SCHEMA = {
@@ -56,19 +56,24 @@ PLATFORM_SCHEMA = {
 @dataclass(frozen=True)
 class Mirrors:
     """Where every download comes from. ``miniconda`` is a prefix holding
-    ``Miniconda3-<version>-Linux-<arch>.sh``; ``pytorch`` a prefix holding ``<variant>/`` indexes."""
+    ``Miniconda3-<version>-Linux-<arch>.sh``; ``pytorch`` a prefix holding ``<variant>/`` indexes.
+
+    ``miniconda``, ``pypi`` and ``pytorch`` are lists tried in order on the host: the first that
+    answers within a bounded time is used (a 404 or a hang moves on to the next)."""
 
     apt: str | None = None
-    miniconda: str = "https://repo.anaconda.com/miniconda"
+    miniconda: tuple[str, ...] = ("https://repo.anaconda.com/miniconda",)
     conda_channels: tuple[str, ...] = ("conda-forge",)
-    pypi: str = "https://pypi.org/simple"
-    pytorch: str = "https://download.pytorch.org/whl"
+    pypi: tuple[str, ...] = ("https://pypi.org/simple",)
+    pytorch: tuple[str, ...] = ("https://download.pytorch.org/whl",)
 
     def merged(self, overrides: Mapping[str, Any] | None) -> Mirrors:
         if not overrides:
             return self
-        clean: dict[str, Any] = {k: (tuple(x) if isinstance(x, list) else x)
-                                 for k, x in overrides.items() if x is not None}
+        listed = {"miniconda", "pypi", "pytorch", "conda_channels"}
+        clean: dict[str, Any] = {
+            k: (tuple(x) if isinstance(x, list) else (x,) if k in listed else x)
+            for k, x in overrides.items() if x is not None}
         return replace(self, **clean)
 
 

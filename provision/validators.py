@@ -33,7 +33,12 @@ def url(value: str) -> str | None:
     return None
 
 
-def urls(values: list[str]) -> str | None:
+def urls(values: str | list[str]) -> str | None:
+    """One URL, or a list tried in order (the first that answers is used)."""
+    if isinstance(values, str):
+        values = [values]
+    if not values:
+        return "give at least one URL"
     for v in values:
         problem = url(v)
         if problem:

@@ -93,6 +93,8 @@ def check(data: Mapping[str, Any], schema: Schema, path: Path, lines: Mapping[st
 
 
 def _check_type(value: Any, spec: Any, path: Path, key: str, line: int | None) -> None:
+    if isinstance(spec, tuple):  # one of several shapes, e.g. (str, [str]): a value or a list
+        spec = spec[1] if isinstance(value, list) else spec[0]
     if isinstance(spec, list):
         if not isinstance(value, list):
             raise ConfigError(str(path), f"must be a list of {_PLURALS[spec[0]]}", key=key, line=line)

@@ -89,6 +89,15 @@ class HostFacts:
     boot_id: str
     journal: Mapping[str, Mapping[str, Any]]  # step -> its last recorded run
     warnings: tuple[str, ...] = field(default=())
+    running: tuple[str, ...] = ()  # steps whose detached body is still running
+    interrupted: tuple[str, ...] = ()  # steps whose body died unfinished (reboot, kill)
+    conda_partial: str | None = None  # prefix of a Miniconda install that did not finish
+    driver_packages: tuple[str, ...] = ()  # "name version" of installed NVIDIA driver packages
+    torch_installers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # env -> who
+    secure_boot: bool | None = None  # None: unknown (no mokutil, or not EFI)
+    nvidia_ko_for_kernel: bool | None = None  # a built nvidia.ko exists for the running kernel
+    nvidia_output: str = ""  # nvidia-smi's own words when it failed (what doctor matches)
+    step_logs: Mapping[str, str] = field(default_factory=dict)  # step -> tail of its host log
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -259,6 +268,11 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         except (ValueError, KeyError, TypeError):
             warnings.append(f"unreadable journal entry on the host: {line[:80]!r}")
     uid = (_ok(probes, "uid") or "").strip()
+    states: dict[str, list[str]] = {"running": [], "interrupted": [], "conda-partial": []}
+    for line in (_ok(probes, "interrupted") or "").splitlines():
+        kind, _, name = line.partition(" ")
+        if kind in states and name:
+            states[kind].append(name)
     return HostFacts(
         os=osr,
         kernel=(_ok(probes, "kernel") or "").strip(),
@@ -297,4 +311,44 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         boot_id=(_ok(probes, "boot_id") or "").strip(),
         journal=journal,
         warnings=tuple(warnings),
+        running=tuple(states["running"]),
+        interrupted=tuple(states["interrupted"]),
+        conda_partial=next(iter(states["conda-partial"]), None),
+        driver_packages=tuple(ln.strip() for ln in (_ok(probes, "driver_packages") or "")
+                              .splitlines() if ln.strip()),
+        torch_installers=parse_torch_installers(_ok(probes, "torch_installers") or ""),
+        secure_boot=parse_secure_boot(_out(probes, "secure_boot")[0]),
+        nvidia_ko_for_kernel=(bool((_ok(probes, "nvidia_ko") or "").strip())
+                              if "nvidia_ko" in probes else None),
+        nvidia_output=q_out.strip()[:4000] if state not in (None, "no_driver") else "",
+        step_logs=parse_step_logs(_ok(probes, "step_logs") or ""),
     )
+
+
+def parse_step_logs(text: str) -> dict[str, str]:
+    """``== <path>/<step>.log`` headers, each followed by that log's last lines."""
+    logs: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        m = re.match(r"^== .*/([^/]+)\.log$", line)
+        if m:
+            current = logs.setdefault(m.group(1), [])
+        elif current is not None:
+            current.append(line)
+    return {k: "\n".join(v) for k, v in logs.items()}
+
+
+def parse_torch_installers(text: str) -> dict[str, tuple[str, ...]]:
+    """``<env prefix> <conda|pip|...>`` lines -> env -> the installers that put torch there."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        prefix, _, who = line.strip().rpartition(" ")
+        if prefix and who and who not in found.setdefault(prefix, []):
+            found[prefix].append(who)
+    return {k: tuple(v) for k, v in found.items()}
+
+
+def parse_secure_boot(text: str) -> bool | None:
+    """``mokutil --sb-state``: "SecureBoot enabled" / "SecureBoot disabled"; else unknown."""
+    m = re.search(r"SecureBoot (enabled|disabled)", text)
+    return (m.group(1) == "enabled") if m else None

@@ -18,6 +18,7 @@ from ..recipes import Platform
 from ..templating import render
 
 DEFAULT_PYPI = "https://pypi.org/simple"
+MIRROR_TIMEOUT = 10  # seconds a mirror has to answer before the next one listed is tried
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,12 @@ def find_env(facts: HostFacts, lay: Layout) -> CondaEnv | None:
     return next((e for e in facts.envs if e.prefix == lay.env_prefix), None)
 
 
+INTERRUPTED = "interrupted on the host before it finished (a reboot or a kill): redone"
+
+
 def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
-    if f"{lay.conda_root}/bin/conda" in facts.conda:
+    partial = facts.conda_partial == lay.conda_root
+    if f"{lay.conda_root}/bin/conda" in facts.conda and not partial:
         return Step("conda", "none", f"conda found at {lay.conda_root}")
     m = settings.mirrors
     arch = facts.arch or "x86_64"
@@ -77,28 +82,41 @@ def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
         version = data.miniconda_old_glibc
         why = (f"; glibc {facts.glibc} is older than the {'.'.join(map(str, data.miniconda_min_glibc))}"
                f" current installers need, so {version}")
+    if partial:
+        why += f"; an earlier install at {lay.conda_root} did not finish: it is cleared first"
     file = f"Miniconda3-{version}-Linux-{arch}.sh"
-    base = m.miniconda.rstrip("/")
-    body = render("conda.sh.j2", prefix=lay.conda_root, url=f"{base}/{file}", index=f"{base}/",
-                  file=file, sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
-                  pypi=m.pypi if m.pypi != DEFAULT_PYPI else "")
+    body = render("conda.sh.j2", prefix=lay.conda_root, bases=m.miniconda, file=file,
+                  sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
+                  pypi=_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
     return Step("conda", f"install Miniconda at {lay.conda_root}",
-                f"no conda on the host; {file} from {base}, sha256 checked{why}", body,
-                inputs_hash(file=file, base=base, channels=m.conda_channels, pypi=m.pypi))
+                f"no conda on the host; {file} from {_listed(m.miniconda)}, sha256 checked{why}",
+                body, inputs_hash(file=file, base=m.miniconda, channels=m.conda_channels,
+                                  pypi=m.pypi))
+
+
+def _pypi(settings: Settings) -> tuple[str, ...]:
+    """The PyPI mirrors to configure; none when only pypi.org is listed (pip's default)."""
+    return () if settings.mirrors.pypi == (DEFAULT_PYPI,) else settings.mirrors.pypi
+
+
+def _listed(urls: tuple[str, ...]) -> str:
+    return urls[0] + (f" (then {', '.join(urls[1:])})" if len(urls) > 1 else "")
 
 
 def env_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
     env = find_env(facts, lay)
-    if env is not None:
+    repair = "env" in facts.interrupted and not lay.adopted
+    if env is not None and not repair:
         what = "adopt the platform's env" if lay.adopted else "env exists:"
         return Step("env", "none", f"{what} {lay.env_name!r} (python {env.python}, "
                                    f"torch {env.torch or 'none'})")
     if lay.adopted:
         return Step("env", "none", f"adopt the platform's env {lay.env_name!r} at {lay.env_prefix}")
     body = render("env.sh.j2", root=lay.conda_root, name=lay.env_name, python=settings.python,
-                  channels=settings.mirrors.conda_channels)
+                  channels=settings.mirrors.conda_channels, repair=repair)
     return Step("env", f"create {lay.env_name!r}",
-                f"conda create -n {lay.env_name} python={settings.python}", body,
+                INTERRUPTED if repair else f"conda create -n {lay.env_name} python={settings.python}",
+                body,
                 inputs_hash(name=lay.env_name, python=settings.python))
 
 
@@ -119,15 +137,19 @@ def torch_matches(env: CondaEnv | None, choice: TorchChoice) -> bool:
 
 def torch_step(facts: HostFacts, settings: Settings, lay: Layout, choice: TorchChoice) -> Step:
     env = find_env(facts, lay)
-    if torch_matches(env, choice):
+    repair = "torch" in facts.interrupted
+    if torch_matches(env, choice) and not repair:
         return Step("torch", "none", f"{choice.label} already installed")
     if lay.adopted and env is not None and env.torch and not settings.torch:
         return Step("torch", "none", f"keep the platform's torch {env.torch} (set torch: in the "
                                      f"recipe or inventory to replace it; the rule says {choice.label})")
     reqs = torch_requirements(choice, settings)
-    body = render("torch.sh.j2", python_bin=lay.python_bin, requirements=reqs, index=choice.index_url)
-    return Step("torch", f"install {choice.label}", "; ".join(choice.reasons), body,
-                inputs_hash(reqs=reqs, index=choice.index_url))
+    indexes = tuple(f"{b.rstrip('/')}/{choice.cuda}" for b in settings.mirrors.pytorch)
+    body = render("torch.sh.j2", python_bin=lay.python_bin, requirements=reqs, indexes=indexes,
+                  mirror_timeout=MIRROR_TIMEOUT, repair=repair)
+    return Step("torch", f"install {choice.label}",
+                INTERRUPTED if repair else "; ".join(choice.reasons), body,
+                inputs_hash(reqs=reqs, index=indexes))
 
 
 def packages_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
@@ -136,12 +158,13 @@ def packages_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
     pypi = settings.mirrors.pypi
     h = inputs_hash(packages=settings.packages, pypi=pypi)
     done = facts.journal.get("packages", {})
-    if done.get("inputs") == h and done.get("result") == "ok" and find_env(facts, lay):
+    if done.get("inputs") == h and done.get("result") == "ok" and find_env(facts, lay) \
+            and "packages" not in facts.interrupted:
         return Step("packages", "none", f"{' '.join(settings.packages)} installed (journal)")
     body = render("packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
-                  pypi=pypi if pypi != DEFAULT_PYPI else "")
+                  pypi=_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
     return Step("packages", "pip install " + " ".join(settings.packages),
-                f"recipe {settings.recipe}, from {pypi}, torch pinned", body, h)
+                f"recipe {settings.recipe}, from {_listed(pypi)}, torch pinned", body, h)
 
 
 def validate_step(facts: HostFacts, lay: Layout) -> Step:

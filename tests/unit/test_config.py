@@ -93,9 +93,9 @@ def test_precedence(tmp_path: Path) -> None:
     assert s.recipe == "yolov8" and s.env_name == "yolo"  # from the recipe
     assert s.python == "3.10"  # inventory beats the recipe's 3.11
     assert s.torch == "2.5"  # command line
-    assert s.mirrors.pypi == "https://inventory.example/simple"  # inventory beats platform
-    assert s.mirrors.miniconda.startswith("https://mirrors.tuna")  # the platform's
-    assert s.mirrors.pytorch == "https://mirrors.nju.edu.cn/pytorch/whl"
+    assert s.mirrors.pypi == ("https://inventory.example/simple",)  # inventory beats platform
+    assert s.mirrors.miniconda[0].startswith("https://mirrors.tuna")  # the platform's
+    assert s.mirrors.pytorch == ("https://mirrors.nju.edu.cn/pytorch/whl",)
     assert s.data_dir == "/root/autodl-tmp"
     cli = settings_for(target, None, {"python": "3.12", "platform": "generic-vm"})
     assert cli.python == "3.12" and cli.platform == "generic-vm"

@@ -3,13 +3,19 @@ bash and prints one JSON object on this machine."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
+import socket
 import subprocess
+import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from provision.command import quote
 from provision.errors import ProvisionError
 from provision.facts.host import HostFacts, parse_facts
 from provision.facts.nvidia import Gpu
@@ -37,15 +43,6 @@ def test_facts_script_renders_for_every_inventory(inventory: Path, recipe: str) 
     dirs = tuple(d for d in (settings.data_dir,) if d)
     script = facts_script(all_platforms(), dirs)
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
-
-
-@pytest.fixture(scope="module")
-def here() -> HostFacts:
-    """The facts of this very machine: a real HostFacts to render the step scripts for."""
-    platforms = all_platforms()
-    out = subprocess.run(["bash", "-c", facts_script(platforms)], capture_output=True,
-                         text=True, timeout=60, check=True)
-    return parse_facts(json.loads(out.stdout), markers_of(platforms))
 
 
 def bash_ok(script: str) -> bool:
@@ -91,7 +88,46 @@ def test_every_template_is_covered() -> None:
     shipped = {p.name for p in templates_dir().iterdir() if p.suffix in (".j2", ".py")}
     assert shipped == {"facts.sh.j2", "step.sh.j2", "conda.sh.j2", "env.sh.j2", "torch.sh.j2",
                        "packages.sh.j2", "validate.sh.j2", "validate_gpu.py", "driver.sh.j2",
-                       "driver_hold.sh.j2"}
+                       "driver_hold.sh.j2", "_first_mirror.sh.j2"}
+
+
+@pytest.fixture
+def http_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A loopback web server holding ``good/pip/`` (else 404), and a port that accepts TCP and
+    never answers (a hung mirror)."""
+    (tmp_path / "good" / "pip").mkdir(parents=True)
+    (tmp_path / "good" / "pip" / "index.html").write_text("<a>pip-24.0.tar.gz</a>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)
+    yield f"http://127.0.0.1:{web.server_address[1]}", f"http://127.0.0.1:{hung.getsockname()[1]}"
+    web.shutdown()
+    hung.close()
+
+
+def _first_mirror(*urls: str) -> subprocess.CompletedProcess[str]:
+    script = render("_first_mirror.sh.j2", mirror_timeout=2) + \
+        "first_mirror pypi pip/ " + " ".join(quote(u) for u in urls) + "\n"
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+
+
+def test_first_mirror_passes_over_a_404_and_a_hang(http_servers: tuple[str, str]) -> None:
+    web, hung = http_servers
+    r = _first_mirror(f"{web}/missing", hung, f"{web}/good/")
+    assert r.returncode == 0 and r.stdout == f"{web}/good\n"
+    assert f"mirror {web}/missing (pypi) failed: HTTP 404; trying the next" in r.stderr
+    assert f"mirror {hung} (pypi) failed: no answer within 2s; trying the next" in r.stderr
+
+
+def test_first_mirror_names_every_url_when_none_answers(http_servers: tuple[str, str]) -> None:
+    web, hung = http_servers
+    r = _first_mirror(f"{web}/missing", hung)
+    assert r.returncode == 4 and r.stdout == ""
+    assert (f"no pypi mirror answered: {web}/missing (HTTP 404); {hung} (no answer within 2s); "
+            "set mirrors.pypi in the inventory or platform to one that works") in r.stderr
 
 
 def test_facts_script_runs_here_in_one_process_and_parses() -> None:
