@@ -3,6 +3,7 @@
 from provision.tasks import (  # noqa: F401
     bootstrap,
     conda_task,
+    doctor,
     driver_task,
     env_task,
     facts,

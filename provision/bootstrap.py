@@ -127,9 +127,28 @@ def parse_validation(stdout: str) -> dict[str, Any]:
     return json.loads(m.group(1))  # type: ignore[no-any-return]
 
 
-def save_report(host: str, report: dict[str, Any]) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)
-    path = Path("reports") / safe / f"validate-{time.strftime('%Y%m%d-%H%M%S')}.json"
+def host_dir(host: str) -> str:
+    """The host's folder name under logs/ and reports/."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", host)
+
+
+def last_report(host: str, kind: str = "validate") -> dict[str, Any] | None:
+    """The newest saved ``reports/<host>/<kind>-*.json`` (None when there is none)."""
+    found = sorted((Path("reports") / host_dir(host)).glob(f"{kind}-*.json"))
+    return json.loads(found[-1].read_text()) if found else None
+
+
+def last_logs(host: str) -> dict[str, str]:
+    """The step logs of the newest run here: ``logs/<host>/<run>/<step>.log``."""
+    runs = sorted(p for p in (Path("logs") / host_dir(host)).glob("*") if p.is_dir())
+    if not runs:
+        return {}
+    return {f"log {p.relative_to('logs')}": p.read_text(errors="replace")[-20000:]
+            for p in sorted(runs[-1].glob("*.log"))}
+
+
+def save_report(host: str, report: dict[str, Any], kind: str = "validate") -> Path:
+    path = Path("reports") / host_dir(host) / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     return path

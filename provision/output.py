@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .compat import TorchChoice
+from .doctor import Finding
 from .facts.host import HostFacts
 from .plan import Plan
 
@@ -116,3 +119,18 @@ def steps_table(host: str, steps: list[tuple[str, str, float]], executions: int)
     for name, result, seconds in steps:
         t.add_row(name, result, f"{seconds:.1f}")
     console.print(t)
+
+
+def findings_table(host: str, findings: Sequence[Finding]) -> None:
+    """Blocks, not a table: fixes hold commands the user copies whole."""
+    if not findings:
+        console.print(f"doctor: {host}: no known problem found")
+        return
+    colour = {"error": "red", "warning": "yellow", "info": "cyan"}
+    counts = ", ".join(f"{sum(f.level == lv for f in findings)} {lv}" for lv in colour
+                       if any(f.level == lv for f in findings))
+    console.print(f"doctor: {host}: {counts}")
+    for f in findings:
+        console.print(f"\n[bold {colour[f.level]}]{f.level}[/] {escape(f.diagnosis)}")
+        console.print(f"  [bold]fix:[/] {escape(f.fix)}")
+        console.print(f"  [dim]seen in {escape(f.evidence)}[/]")

@@ -15,9 +15,10 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 from . import output
-from .bootstrap import Outcome, apply
+from .bootstrap import Outcome, apply, host_dir, last_logs, last_report
 from .compat import choose_torch, compat_text, load_compat
 from .connection import connect, forget_pin, known_hosts_path
+from .doctor import diagnose, texts_for
 from .errors import ProvisionError
 from .executor import Executor
 from .facts.host import HostFacts
@@ -64,19 +65,18 @@ def open_executor(target: Target, log_dir: Path) -> Executor:
 def session(c: Context) -> Iterator[tuple[Target, Executor]]:
     target = target_of(c)
     run_id = time.strftime("%Y%m%d-%H%M%S")
-    safe = target.name.replace("/", "_").replace(":", "_")
-    ex = open_executor(target, Path("logs") / safe / run_id)
+    ex = open_executor(target, Path("logs") / host_dir(target.name) / run_id)
     try:
         yield target, ex
     finally:
         ex.conn.close()
 
 
-def _facts(target: Target, ex: Executor) -> HostFacts:
+def _facts(target: Target, ex: Executor, step_logs: bool = False) -> HostFacts:
     data_dir = target.settings.get("data_dir")
     platforms = all_platforms()
     dirs = {p.data_dir for p in platforms if p.data_dir} | ({data_dir} if data_dir else set())
-    return gather(ex, platforms, tuple(sorted(dirs)))
+    return gather(ex, platforms, tuple(sorted(dirs)), step_logs=step_logs)
 
 
 @task(help={"json": "print the facts as one JSON object"})
@@ -172,6 +172,45 @@ def validate(c: Context, recipe: str | None = None, platform: str | None = None)
     assert outcome.report is not None
     output.verdict_table(target.name, outcome.report, outcome.report_path)
     if outcome.verdict == "FAIL":
+        raise Exit(code=1)
+
+
+@task(iterable=["log"], help={"log": "a file holding an error text to diagnose (repeatable); "
+                                     "without -H only these are read",
+                              "json": "print the findings as JSON"})
+@reports_errors
+def doctor(c: Context, log: list[str] | None = None, json_: bool = False) -> None:
+    """Match the host's state and error texts against known failures and print each fix.
+
+    Reads the facts (with the tail of each step's log on the host) in one remote execution, the
+    last validation report and run logs here, and any --log file. Exit 1 when an error is found.
+    Example: gpu-provision -H my-4090 doctor;  gpu-provision doctor --log traceback.txt
+    """
+    files = {}
+    for name in log or []:
+        try:
+            files[name] = Path(name).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ProvisionError(f"--log {name}: cannot read it ({exc.strerror})") from None
+    if isinstance(c, Connection):
+        host = target_of(c).name
+        report, logs = last_report(host), last_logs(host)  # before this run adds its own
+        with session(c) as (target, ex):
+            f = _facts(target, ex, step_logs=True)
+            settings = settings_for(target, f.platform, {})
+            p = make_plan(target.name, f, settings, load_platform(settings.platform))
+        findings = diagnose(texts_for(f, report, logs, files), f, p, host=host)
+    elif files:
+        host = "<host>"
+        findings = diagnose(files)
+    else:
+        raise ProvisionError("doctor needs a host (-H <inventory | user@host:port>) or "
+                             "--log FILE with an error text")
+    if json_:
+        output.print_json([x.as_json() for x in findings])
+    else:
+        output.findings_table(host, findings)
+    if any(x.level == "error" for x in findings):
         raise Exit(code=1)
 
 

@@ -79,13 +79,15 @@ def test_centos7_elrepo_kmod(hosts: Hosts, gp_home: Path) -> None:
         harness.stop(info.id)
 
 
-@pytest.mark.parametrize("failure,fixture,action", [
-    ("nvml_mismatch", "nvidia-smi/fail-nvml-mismatch-550.144.txt", "reboot"),
-    ("gpu_lost", "nvidia-smi/fail-gpu-lost.txt", "none"),
-    ("no_devices", "nvidia-smi/fail-no-devices-rtx5090.txt", "install branch 580 (open modules) with apt"),
+@pytest.mark.parametrize("failure,fixture,action,finding", [
+    ("nvml_mismatch", "nvidia-smi/fail-nvml-mismatch-550.144.txt", "reboot", "nvml-mismatch"),
+    ("gpu_lost", "nvidia-smi/fail-gpu-lost.txt", "none", "gpu-lost"),
+    ("no_devices", "nvidia-smi/fail-no-devices-rtx5090.txt",
+     "install branch 580 (open modules) with apt", "no-devices"),
 ])
-def test_failure_states_reach_facts_and_plan(hosts: Hosts, gp_home: Path, failure: str,
-                                             fixture: str, action: str) -> None:
+def test_failure_states_reach_facts_plan_and_doctor(hosts: Hosts, gp_home: Path, failure: str,
+                                                    fixture: str, action: str,
+                                                    finding: str) -> None:
     info = hosts.fresh("ubuntu-22.04-rtx4090", failure=failure, failure_fixture=fixture)
     try:
         f = facts_json(info, gp_home)
@@ -95,5 +97,10 @@ def test_failure_states_reach_facts_and_plan(hosts: Hosts, gp_home: Path, failur
         driver = next(d for d in plan["decisions"] if d["step"] == "driver")
         assert driver["action"] == action
         assert any(c["tool"] == "nvidia-smi" for c in info.calls())
+        d = gpu_provision("-H", info.inventory, "doctor", "--json", home=gp_home)
+        assert d.returncode == 1, d.stderr
+        found = json.loads(d.stdout)
+        assert [x["id"] for x in found] == [finding]
+        assert found[0]["evidence"].startswith("nvidia-smi: ")
     finally:
         harness.stop(info.id)

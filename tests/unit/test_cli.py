@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ def test_fab_lists_tasks_in_the_checkout() -> None:
     r = subprocess.run([str(BIN / "fab"), "-l"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     names = {line.split()[0] for line in r.stdout.splitlines()[1:] if line.startswith("  ")}
-    assert {"facts", "plan", "pick", "refresh-compat", "repin", "forget-host-key"} <= names
+    assert {"facts", "plan", "pick", "refresh-compat", "repin", "forget-host-key", "doctor"} <= names
 
 
 def test_console_script_carries_the_same_tasks(tmp_path: Path) -> None:
@@ -44,3 +45,20 @@ def test_bad_inventory_on_the_command_line(tmp_path: Path) -> None:
                                 "env_name, gpu, host, key, miniconda_sha256, miniconda_version, "
                                 "mirrors, notes, packages, password_env, platform, port, "
                                 "price_per_hour, python, recipe, torch, user)")
+
+
+def test_doctor_offline_on_an_error_text(tmp_path: Path) -> None:
+    fixture = ROOT / "tests/fixtures/torch/err-not-compiled-cuda-detectron2-linux.txt"
+    r = subprocess.run([str(BIN / "gpu-provision"), "doctor", "--log", str(fixture), "--json"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    [finding] = json.loads(r.stdout)
+    assert finding["id"] == "torch-cpu-build" and "--index-url" in finding["fix"]
+    clean = tmp_path / "ok.txt"
+    clean.write_text("Epoch 3: loss 0.21\n")
+    r = subprocess.run([str(BIN / "gpu-provision"), "doctor", "--log", str(clean)], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert (r.returncode, r.stdout.strip()) == (0, "doctor: <host>: no known problem found")
+    r = subprocess.run([str(BIN / "gpu-provision"), "doctor", "--log", "missing.txt"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1 and "--log missing.txt: cannot read it (No such file or directory)" in r.stderr
