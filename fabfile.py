@@ -3,11 +3,13 @@
 from provision.tasks import (  # noqa: F401
     bootstrap,
     conda_task,
+    authorize,
     doctor,
     driver_task,
     env_task,
     facts,
     forget_host_key,
+    forget_secrets,
     pick,
     plan,
     refresh_compat,

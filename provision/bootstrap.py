@@ -20,7 +20,7 @@ from . import output
 from .command import bash_script, mask
 from .connection import AUTH_REFUSED, HOST_KEY_CHANGED
 from .doctor import diagnose
-from .errors import ProvisionError, RemoteError, SSHError
+from .errors import Interrupted, ProvisionError, RemoteError, SSHError
 from .executor import Executor, Result
 from .ops import Step
 from .ops import driver as driver_ops
@@ -92,7 +92,13 @@ def run_step(ex: Executor, step: Step, run_id: str) -> Result:
             output.console.print(f"{ex.host}: {line.removeprefix('gpu-provision: ')}",
                                  markup=False, highlight=False)
 
-    result = ex.run(bash_script(script), step=step.name, check=False, progress=progress)
+    try:
+        result = ex.run(bash_script(script), step=step.name, check=False, progress=progress)
+    except KeyboardInterrupt:
+        raise Interrupted(f"{ex.host}: interrupted while waiting for step {step.name!r}; it goes "
+                          "on, detached, on the host (log ~/.gpu-provision/logs/"
+                          f"{step.name}.log). Run bootstrap again to re-attach and finish "
+                          "(the lock refuses any other run meanwhile)") from None
     if result.exit_code == LOCKED:
         raise ProvisionError(f"{ex.host}: {result.stderr.strip() or 'another run holds the lock'}"
                              " - wait for it to finish, then run bootstrap again")
@@ -192,7 +198,11 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
 def _timed(ex: Executor, step: Step, run_id: str, out: Outcome) -> Result:
     output.console.print(f"{ex.host}: {step.name}: {step.action} ...")
     started = time.monotonic()
-    result = run_step(ex, step, run_id)
+    if step.stdin is not None:  # quick, and its input is secret: foreground, fed on stdin
+        assert step.body is not None
+        result = ex.run(bash_script(step.body), step=step.name, stdin=step.stdin)
+    else:
+        result = run_step(ex, step, run_id)
     seconds = time.monotonic() - started
     out.steps.append((step.name, "ok", seconds))
     output.console.print(f"{ex.host}: {step.name}: done in {seconds:.1f}s")

@@ -107,13 +107,20 @@ def repin_command(target: Target) -> str:
 
 
 def connect(target: Target, notify: Callable[[str], None] | None = None,
-            replace_key: bool = False, timeout: int = CONNECT_TIMEOUT) -> Connection:
-    """Open a connection to ``target``; failures become SSHError with a named kind."""
-    kwargs: dict[str, object] = {"allow_agent": True, "look_for_keys": True,
+            replace_key: bool = False, timeout: int = CONNECT_TIMEOUT,
+            password: str | None = None, key_only: bool = False) -> Connection:
+    """Open a connection to ``target``; failures become SSHError with a named kind.
+
+    ``password``: log in with it alone (no keys, no agent). ``key_only``: only ``target.key``.
+    """
+    others = password is None and not key_only  # the agent and ~/.ssh/id_* may be tried
+    kwargs: dict[str, object] = {"allow_agent": others, "look_for_keys": others,
                                  "banner_timeout": timeout, "auth_timeout": timeout}
-    if target.key:
+    if target.key and password is None:
         kwargs["key_filename"] = [os.path.expanduser(target.key)]
-    if target.password_env:
+    if password is not None:
+        kwargs["password"] = password
+    elif target.password_env and not key_only:
         password = os.environ.get(target.password_env)
         if password is None:
             raise SSHError(target.name, AUTH_REFUSED,

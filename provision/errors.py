@@ -47,3 +47,9 @@ class RemoteError(ProvisionError):
         if fix:
             msg += f"\nfix: {fix}"
         super().__init__(msg)
+
+
+class Interrupted(ProvisionError):
+    """Ctrl-C here while a step runs detached on the host: what goes on and what to run."""
+
+    exit_code = 130

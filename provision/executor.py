@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,17 +52,20 @@ class Executor:
         self.executions = 0
 
     def run(self, command: Command, step: str, check: bool = True, timeout: int | None = None,
-            progress: Callable[[str], None] | None = None) -> Result:
+            progress: Callable[[str], None] | None = None, stdin: str | None = None) -> Result:
         """Run one command remotely (one SSH exec channel). Raises RemoteError when ``check``
-        and it exits non-zero. ``progress`` receives each output line as it arrives."""
+        and it exits non-zero. ``progress`` receives each output line (secrets masked) as it
+        arrives; ``stdin`` is sent to the command and never logged."""
         started = time.monotonic()
         self.executions += 1
+        secrets = (*self.secrets, *command.secrets)
         streams: dict[str, Any] = {"hide": True}
         if progress is not None:  # shown as it comes; still collected in the result
-            streams = {"hide": False, "out_stream": _Lines(progress), "err_stream": _Lines(None)}
-        r = self.conn.run(command.render(), warn=True, timeout=timeout, in_stream=False,
-                          **streams)
-        secrets = (*self.secrets, *command.secrets)
+            shown = progress
+            streams = {"hide": False, "out_stream": _Lines(lambda line: shown(mask(line, secrets))),
+                       "err_stream": _Lines(None)}
+        r = self.conn.run(command.render(), warn=True, timeout=timeout,
+                          in_stream=io.StringIO(stdin) if stdin is not None else False, **streams)
         result = Result(step=step, command=command.display(), stdout=r.stdout, stderr=r.stderr,
                         exit_code=r.exited, seconds=time.monotonic() - started)
         self._log(result, secrets)

@@ -40,6 +40,7 @@ INVENTORY_SCHEMA = {
     "miniconda_sha256": Check(str, v.sha256),
     "data_dir": Check(str, v.abs_path),
     "mirrors": MIRRORS_SCHEMA,
+    "push_env": Check([str], v.env_vars),
     "notes": str,
 }
 
@@ -169,6 +170,7 @@ class Settings:
     miniconda_version: str = "latest"
     miniconda_sha256: str | None = None  # pin it where the mirror publishes none
     data_dir: str | None = None
+    push_env: tuple[str, ...] = ()  # local environment variables pushed to the host (tokens)
     mirrors: Mirrors = Mirrors()
     gpu: str | None = None
     price_per_hour: float | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -71,7 +72,8 @@ def driver_branch(caps: list[tuple[int, int]], facts: HostFacts | None = None
     return CURRENT_BRANCH, True, "Turing and newer: open kernel modules (NVIDIA's default since R560)"
 
 
-def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platform) -> Plan:
+def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platform,
+              secrets: Mapping[str, str] | None = None, secrets_digest: str = "") -> Plan:
     decisions: list[Decision] = []
     detected = facts.platform or "none detected"
     decisions.append(Decision("platform", "none",
@@ -165,6 +167,8 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         steps.append(ops.Step("driver", "reboot", driver_decision.reason,
                               "echo 'NEEDS_REBOOT (NVML does not match the loaded module)'",
                               ops.inputs_hash(boot=facts.boot_id)))
+    if secrets:
+        steps.append(ops.secrets_step(facts, secrets, secrets_digest))
     steps += [ops.conda_step(facts, settings, lay), ops.env_step(facts, settings, lay)]
     if torch is not None:
         steps += [ops.torch_step(facts, settings, lay, torch), ops.packages_step(facts, settings, lay)]

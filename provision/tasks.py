@@ -15,6 +15,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 from . import output
+from .authorize import authorize_key
 from .bootstrap import Outcome, apply, host_dir, last_logs, last_report
 from .compat import choose_torch, compat_text, load_compat
 from .connection import connect, forget_pin, known_hosts_path
@@ -27,6 +28,7 @@ from .inventory import Target, resolve_target, settings_for
 from .plan import Plan, make_plan
 from .recipes import all_platforms, load_platform
 from .refresh import diff_index, refreshed_yaml, scan_index
+from .secrets import digest, push_values
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,6 +41,8 @@ def reports_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except ProvisionError as exc:
             raise Exit(f"error: {exc}", code=exc.exit_code) from None
+        except KeyboardInterrupt:  # between steps: nothing runs on the host for us
+            raise Exit("interrupted: no step was running; run the task again", code=130) from None
     return wrapper  # type: ignore[return-value]
 
 
@@ -66,6 +70,7 @@ def session(c: Context) -> Iterator[tuple[Target, Executor]]:
     target = target_of(c)
     run_id = time.strftime("%Y%m%d-%H%M%S")
     ex = open_executor(target, Path("logs") / host_dir(target.name) / run_id)
+    ex.secrets = tuple(push_values(target, required=False).values())  # masked in all output
     try:
         yield target, ex
     finally:
@@ -108,18 +113,22 @@ def plan(c: Context, json_: bool = False, python: str | None = None, torch: str 
     """
     cli = _cli_settings(python, torch, recipe, platform, cuda_compat, env_name)
     with session(c) as (target, ex):
-        p = _plan_for(c, ex, target, cli)
+        p = _plan_for(c, ex, target, cli, push=True)
     if json_:
         output.print_json(p.as_json())
     else:
         output.plan_table(p)
 
 
-def _plan_for(c: Context, ex: Executor, target: Target, cli: dict[str, Any]) -> Plan:
-    """Facts (one remote execution), settings by precedence, the plan."""
+def _plan_for(c: Context, ex: Executor, target: Target, cli: dict[str, Any],
+              push: bool = False) -> Plan:
+    """Facts (one remote execution), settings by precedence, the plan. ``push``: with the
+    inventory's push_env tokens (each must be set in this shell)."""
     f = _facts(target, ex)
     settings = settings_for(target, f.platform, cli)
-    return make_plan(target.name, f, settings, load_platform(settings.platform))
+    values = push_values(target) if push else {}
+    return make_plan(target.name, f, settings, load_platform(settings.platform), values,
+                     digest(values) if values else "")
 
 
 def _apply(c: Context, target: Target, ex: Executor, p: Plan, cli: dict[str, Any],
@@ -127,7 +136,7 @@ def _apply(c: Context, target: Target, ex: Executor, p: Plan, cli: dict[str, Any
     """Apply ``p``; a reboot reconnects to the same target and re-plans from fresh facts."""
     return apply(ex, p, only=only,
                  reconnect=lambda: open_executor(target, ex.log_dir or Path("logs")),
-                 replan=lambda new: _plan_for(c, new, target, cli))
+                 replan=lambda new: _plan_for(c, new, target, cli, push=only is None))
 
 
 @task(help={"python": "env Python, e.g. 3.11", "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'",
@@ -144,7 +153,7 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
     """
     cli = _cli_settings(python, torch, recipe, platform, cuda_compat, env_name)
     with session(c) as (target, ex):
-        p = _plan_for(c, ex, target, cli)
+        p = _plan_for(c, ex, target, cli, push=True)
         for r in p.risks:
             output.console.print(f"[yellow]risk:[/] {r}")
         outcome = _apply(c, target, ex, p, cli)
@@ -357,6 +366,36 @@ def repin(c: Context) -> None:
     """
     target = target_of(c)
     connect(target, notify=_notify, replace_key=True).close()
+
+
+@task(name="forget-secrets", aliases=["forget"])
+@reports_errors
+def forget_secrets(c: Context) -> None:
+    """Remove the tokens pushed with push_env from the host (env file, .bashrc line, journal).
+
+    Example: gpu-provision -H my-4090 forget-secrets
+    """
+    from .command import bash_script
+    from .ops import forget_secrets_body
+    with session(c) as (target, ex):
+        r = ex.run(bash_script(forget_secrets_body()), step="forget-secrets")
+    names = r.stdout.rsplit("FORGOTTEN ", 1)[-1].strip()
+    output.console.print(f"{target.name}: removed {names} from the host"
+                         if names != "nothing" else f"{target.name}: no pushed tokens to remove")
+
+
+@task(help={"pubkey": "public key to install (default: the inventory's key + .pub, else "
+                      "~/.ssh/id_ed25519.pub or id_rsa.pub)",
+            "password_env": "read the password from this environment variable (else a prompt)"})
+@reports_errors
+def authorize(c: Context, pubkey: str | None = None, password_env: str | None = None) -> None:
+    """Install your public key with the host's password, once; later runs log in by key.
+
+    Example: gpu-provision -H root@203.0.113.10:22 authorize -i ~/.ssh/id_ed25519
+    """
+    target = target_of(c)
+    text = authorize_key(target, pubkey, password_env or target.password_env, _notify)
+    output.console.print(f"{target.name}: {text}")
 
 
 @task(name="forget-host-key")

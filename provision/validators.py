@@ -88,6 +88,10 @@ def env_var(value: str) -> str | None:
     return None
 
 
+def env_vars(values: list[str]) -> str | None:
+    return next((p for p in map(env_var, values) if p), None)
+
+
 def gpu_claim(value: str) -> str | None:
     if not re.fullmatch(r".*\S( x\s*\d+)?", value):
         return f"{value!r}: write the advertised GPU as 'RTX 4090 x1'"

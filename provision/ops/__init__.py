@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..command import quote
 from ..compat import TorchChoice, dotted, load_compat
 from ..facts.host import CondaEnv, HostFacts
 from ..inventory import Settings
@@ -18,6 +20,7 @@ from ..recipes import Platform
 from ..templating import render
 
 DEFAULT_PYPI = "https://pypi.org/simple"
+SECRETS_FILE = "~/.gpu-provision/env"
 MIRROR_TIMEOUT = 10  # seconds a mirror has to answer before the next one listed is tried
 
 
@@ -28,6 +31,7 @@ class Step:
     reason: str
     body: str | None = None  # the bash body run under templates/step.sh.j2
     inputs: str = ""  # hash of what the step depends on (journal)
+    stdin: str | None = None  # secret input: sent on stdin, run in the foreground, never logged
 
     @property
     def changes(self) -> bool:
@@ -165,6 +169,24 @@ def packages_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
                   pypi=_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
     return Step("packages", "pip install " + " ".join(settings.packages),
                 f"recipe {settings.recipe}, from {_listed(pypi)}, torch pinned", body, h)
+
+
+def secrets_step(facts: HostFacts, values: Mapping[str, str], digest: str) -> Step:
+    """Push tokens (HF_TOKEN, ...) into a 0600 env file that login shells source. ``digest``
+    is a keyed hash of the values, so the journal tells whether they changed without holding
+    anything that reveals them."""
+    names = " ".join(sorted(values))
+    done = facts.journal.get("secrets", {})
+    if done.get("inputs") == digest and done.get("result") == "ok":
+        return Step("secrets", "none", f"{names} already on the host (journal)")
+    content = "".join(f"export {k}={quote(v)}\n" for k, v in sorted(values.items()))
+    return Step("secrets", f"push {names}", f"push_env in the inventory; into {SECRETS_FILE} "
+                f"(mode 0600), sourced by ~/.bashrc", render("secrets.sh.j2", names=names,
+                                                             inputs=digest), digest, content)
+
+
+def forget_secrets_body() -> str:
+    return render("secrets_forget.sh.j2")
 
 
 def validate_step(facts: HostFacts, lay: Layout) -> Step:

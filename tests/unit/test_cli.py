@@ -44,7 +44,7 @@ def test_bad_inventory_on_the_command_line(tmp_path: Path) -> None:
                                 "(allowed: cuda_compat, currency, data_dir, domain_libraries, "
                                 "env_name, gpu, host, key, miniconda_sha256, miniconda_version, "
                                 "mirrors, notes, packages, password_env, platform, port, "
-                                "price_per_hour, python, recipe, torch, user)")
+                                "price_per_hour, push_env, python, recipe, torch, user)")
 
 
 def test_doctor_offline_on_an_error_text(tmp_path: Path) -> None:

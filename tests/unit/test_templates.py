@@ -88,7 +88,47 @@ def test_every_template_is_covered() -> None:
     shipped = {p.name for p in templates_dir().iterdir() if p.suffix in (".j2", ".py")}
     assert shipped == {"facts.sh.j2", "step.sh.j2", "conda.sh.j2", "env.sh.j2", "torch.sh.j2",
                        "packages.sh.j2", "validate.sh.j2", "validate_gpu.py", "driver.sh.j2",
-                       "driver_hold.sh.j2", "_first_mirror.sh.j2"}
+                       "driver_hold.sh.j2", "_first_mirror.sh.j2", "secrets.sh.j2",
+                       "secrets_forget.sh.j2"}
+
+
+HOSTILE = ["; rm -rf / #", "$(touch PWNED)", "`touch PWNED`", "it's \"quoted\"", "two\nlines",
+           "spaces  and\ttabs", "ünïcödé ✓ 令牌", "\\back\\slash $HOME ${PATH} !!", "-n"]
+
+
+def test_pushed_tokens_round_trip_exactly_and_are_forgotten(here: HostFacts, tmp_path: Path) -> None:
+    """Hostile token values go in on stdin, come back byte for byte from the 0600 file, run
+    nothing, and `forget` removes the file and the .bashrc line."""
+    from provision.ops import forget_secrets_body, secrets_step
+    values = {f"TOKEN_{i}": v for i, v in enumerate(HOSTILE)}
+    step = secrets_step(here, values, "d1gest")
+    assert step.stdin is not None and step.body is not None
+    assert not any(v in step.body for v in HOSTILE)  # values never in the script (argv)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("alias ll='ls -l'\n")
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    for _ in range(2):  # idempotent: one .bashrc line however often it runs
+        r = subprocess.run(["bash", "-c", step.body], input=step.stdin, capture_output=True,
+                           text=True, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    names = " ".join(sorted(values))
+    assert r.stdout == f"pushed {names} into ~/.gpu-provision/env (mode 0600)\n"
+    f = home / ".gpu-provision" / "env"
+    assert f.stat().st_mode & 0o777 == 0o600
+    assert (home / ".bashrc").read_text().count("gpu-provision tokens") == 1
+    dump = "; ".join(f'printf "%s\\0" "${k}"' for k in values)
+    r = subprocess.run(["bash", "-ic", dump], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.stdout.split("\0")[:-1] == list(values.values())
+    assert not list(tmp_path.rglob("PWNED"))
+    journal = json.loads((home / ".gpu-provision" / "steps" / "secrets.json").read_text())
+    assert (journal["inputs"], journal["result"]) == ("d1gest", "ok")
+
+    r = subprocess.run(["bash", "-c", forget_secrets_body()], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 0 and r.stdout == f"FORGOTTEN {names} \n"
+    assert not f.exists() and not (home / ".gpu-provision" / "steps" / "secrets.json").exists()
+    assert (home / ".bashrc").read_text() == "alias ll='ls -l'\n"
 
 
 @pytest.fixture
