@@ -128,7 +128,7 @@ def parse_df(text: str) -> tuple[Disk, ...]:
     """Lines ``<path>\t<df -Pk row>`` from the disk probe -> one Disk per existing path."""
     disks = []
     for line in text.splitlines():
-        path, _, row_text = line.partition("\t")
+        path, _, row_text = line.rpartition("\t")  # a path may hold a tab; df -P rows do not
         row = row_text.split()
         if len(row) >= 6 and row[1].isdigit() and row[3].isdigit():
             disks.append(Disk(path=path, mount=row[5], total_gb=round(int(row[1]) / 1048576, 1),

@@ -17,7 +17,7 @@ import pytest
 
 from provision.command import quote
 from provision.errors import ProvisionError
-from provision.facts.host import HostFacts, parse_facts
+from provision.facts.host import HostFacts, parse_df, parse_facts
 from provision.facts.nvidia import Gpu
 from provision.facts.osinfo import parse_os_release
 from provision.facts.pci import PciGpu
@@ -27,7 +27,7 @@ from provision.inventory import load_inventory, settings_for
 from provision.ops.driver import hold_step, install_step
 from provision.paths import templates_dir
 from provision.plan import make_plan
-from provision.recipes import all_platforms, load_platform
+from provision.recipes import Detect, Platform, all_platforms, load_platform
 from provision.templating import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +94,21 @@ def test_every_template_is_covered() -> None:
 
 HOSTILE = ["; rm -rf / #", "$(touch PWNED)", "`touch PWNED`", "it's \"quoted\"", "two\nlines",
            "spaces  and\ttabs", "ünïcödé ✓ 令牌", "\\back\\slash $HOME ${PATH} !!", "-n"]
+
+
+def test_facts_script_reads_hostile_paths_as_data(tmp_path: Path) -> None:
+    """Data dirs and platform marker files reach the probes as values, never as code."""
+    odd = [tmp_path / v.replace("/", "_").replace("\n", "_") for v in HOSTILE]
+    for d in odd:
+        d.mkdir()
+    marker = Platform(name="odd", detect=Detect(files=(str(odd[1]), str(odd[3]))))
+    r = subprocess.run(["bash", "-c", facts_script((marker,), tuple(map(str, odd)))],
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    probes = json.loads(r.stdout)["probes"]
+    assert [d.path for d in parse_df(probes["disk"]["out"])[1:]] == \
+        [str(d) for d in odd]
+    assert probes["platform_markers"]["out"].splitlines() == [str(odd[1]), str(odd[3])]
+    assert not list(tmp_path.rglob("PWNED"))
 
 
 def test_pushed_tokens_round_trip_exactly_and_are_forgotten(here: HostFacts, tmp_path: Path) -> None:
