@@ -28,6 +28,7 @@ from .plan import Plan
 from .templating import render
 
 LOCKED = 75  # the step script's exit code when another run holds the lock
+NO_EXIT_STATUS = -1  # the channel closed without an exit status: the connection was lost
 
 
 @dataclass
@@ -99,13 +100,19 @@ def run_step(ex: Executor, step: Step, run_id: str) -> Result:
                           "on, detached, on the host (log ~/.gpu-provision/logs/"
                           f"{step.name}.log). Run bootstrap again to re-attach and finish "
                           "(the lock refuses any other run meanwhile)") from None
+    if result.exit_code == NO_EXIT_STATUS:
+        raise ProvisionError(f"{ex.host}: the connection was lost during step {step.name!r} (the "
+                             "network dropped, or the host rebooted). If the host is up the step "
+                             "goes on there; run bootstrap again: it re-attaches, or redoes the "
+                             "step if the host killed it")
     if result.exit_code == LOCKED:
         raise ProvisionError(f"{ex.host}: {result.stderr.strip() or 'another run holds the lock'}"
                              " - wait for it to finish, then run bootstrap again")
     if result.exit_code != 0:
         text = mask(result.stdout + result.stderr, ex.secrets)
         known = diagnose({f"step {step.name}": text}, host=ex.host)
-        hint = f"{known[0].diagnosis} {known[0].fix}\n" if known else ""
+        hint = (f"{known[0].diagnosis} (seen: {known[0].evidence.split(': ', 1)[-1]}) "
+                f"{known[0].fix}\n" if known else "")
         raise RemoteError(ex.host, step.name, result.exit_code, text,
                           fix=f"{hint}the full log is in {ex.log_dir}/{step.name}.log and on the "
                               f"host in ~/.gpu-provision/logs/{step.name}.log")
@@ -196,7 +203,8 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
 
 
 def _timed(ex: Executor, step: Step, run_id: str, out: Outcome) -> Result:
-    output.console.print(f"{ex.host}: {step.name}: {step.action} ...")
+    why = f" ({step.reason})" if step.action.startswith("redo: ") else ""
+    output.console.print(f"{ex.host}: {step.name}: {step.action}{why} ...")
     started = time.monotonic()
     if step.stdin is not None:  # quick, and its input is secret: foreground, fed on stdin
         assert step.body is not None

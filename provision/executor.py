@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,27 @@ class _Lines:
         pass
 
 
+@contextmanager
+def _interruptible(conn: Connection) -> Iterator[list[bool]]:
+    """Ctrl-C closes the connection, so the run returns at once instead of reading the remote
+    output to its end; the caller then sees KeyboardInterrupt. (What runs detached on the host
+    goes on.) Only the main thread can take signals; elsewhere Ctrl-C is left as it is."""
+    interrupted: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+
+    def on_sigint(signum: int, frame: object) -> None:
+        interrupted.append(True)
+        conn.close()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class Executor:
     """Runs Commands over one open connection; counts executions and keeps a log per step."""
 
@@ -64,8 +88,16 @@ class Executor:
             shown = progress
             streams = {"hide": False, "out_stream": _Lines(lambda line: shown(mask(line, secrets))),
                        "err_stream": _Lines(None)}
-        r = self.conn.run(command.render(), warn=True, timeout=timeout,
-                          in_stream=io.StringIO(stdin) if stdin is not None else False, **streams)
+        with _interruptible(self.conn) as interrupted:
+            try:
+                r = self.conn.run(command.render(), warn=True, timeout=timeout,
+                                  in_stream=io.StringIO(stdin) if stdin is not None else False,
+                                  **streams)
+            except Exception:
+                if not interrupted:
+                    raise
+        if interrupted:
+            raise KeyboardInterrupt
         result = Result(step=step, command=command.display(), stdout=r.stdout, stderr=r.stderr,
                         exit_code=r.exited, seconds=time.monotonic() - started)
         self._log(result, secrets)

@@ -71,7 +71,7 @@ def find_env(facts: HostFacts, lay: Layout) -> CondaEnv | None:
     return next((e for e in facts.envs if e.prefix == lay.env_prefix), None)
 
 
-INTERRUPTED = "interrupted on the host before it finished (a reboot or a kill): redone"
+INTERRUPTED = "interrupted on the host before it finished (a reboot or a kill)"
 
 
 def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
@@ -92,7 +92,7 @@ def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
     body = render("conda.sh.j2", prefix=lay.conda_root, bases=m.miniconda, file=file,
                   sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
                   pypi=_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
-    return Step("conda", f"install Miniconda at {lay.conda_root}",
+    return Step("conda", f"{'redo: ' if partial else ''}install Miniconda at {lay.conda_root}",
                 f"no conda on the host; {file} from {_listed(m.miniconda)}, sha256 checked{why}",
                 body, inputs_hash(file=file, base=m.miniconda, channels=m.conda_channels,
                                   pypi=m.pypi))
@@ -118,7 +118,7 @@ def env_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
         return Step("env", "none", f"adopt the platform's env {lay.env_name!r} at {lay.env_prefix}")
     body = render("env.sh.j2", root=lay.conda_root, name=lay.env_name, python=settings.python,
                   channels=settings.mirrors.conda_channels, repair=repair)
-    return Step("env", f"create {lay.env_name!r}",
+    return Step("env", f"{'redo: ' if repair else ''}create {lay.env_name!r}",
                 INTERRUPTED if repair else f"conda create -n {lay.env_name} python={settings.python}",
                 body,
                 inputs_hash(name=lay.env_name, python=settings.python))
@@ -151,7 +151,7 @@ def torch_step(facts: HostFacts, settings: Settings, lay: Layout, choice: TorchC
     indexes = tuple(f"{b.rstrip('/')}/{choice.cuda}" for b in settings.mirrors.pytorch)
     body = render("torch.sh.j2", python_bin=lay.python_bin, requirements=reqs, indexes=indexes,
                   mirror_timeout=MIRROR_TIMEOUT, repair=repair)
-    return Step("torch", f"install {choice.label}",
+    return Step("torch", f"{'redo: ' if repair else ''}install {choice.label}",
                 INTERRUPTED if repair else "; ".join(choice.reasons), body,
                 inputs_hash(reqs=reqs, index=indexes))
 

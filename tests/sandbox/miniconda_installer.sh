@@ -18,7 +18,9 @@ fi
 PY=$(command -v python3.11 || command -v python3)
 echo "PREFIX=$PREFIX"
 echo "Unpacking payload ..."
-"$PY" -m venv "$PREFIX"
+# pip is added in view (not by venv, which hides why it failed): a full disk shows as Errno 28
+"$PY" -m venv --without-pip "$PREFIX"
+"$PREFIX/bin/python" -m ensurepip --default-pip >/dev/null
 mkdir -p "$PREFIX/conda-meta" "$PREFIX/envs" "$PREFIX/pkgs" "$PREFIX/etc/profile.d"
 echo "==> $(date -u +%FT%TZ) installer: $0 -b -p $PREFIX" > "$PREFIX/conda-meta/history"
 cat > "$PREFIX/bin/conda" <<CONDA

@@ -112,6 +112,7 @@ def test_dropped_connection_during_pip_then_reattach(hosts: Hosts, gp_home: Path
         proxy.cut()
         out, err = first.communicate(timeout=60)
         assert first.returncode != 0  # the laptop lost the host mid-step ...
+        assert "the connection was lost during step 'torch'" in err
         pid = int(pidf.read_text().split()[0])
         assert Path(f"/proc/{pid}").exists()  # ... but the install goes on, detached
 

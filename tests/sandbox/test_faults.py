@@ -1,0 +1,179 @@
+"""Faults mid-run on sandbox hosts: a mirror that answers 404 or hangs, a full disk, Ctrl-C on
+the laptop and an unexpected reboot of the host. Each ends with the host consistent, the user told
+what happened and what to run, and the next run finishing the job. (The dropped connection, the
+bad sha256 and the concurrent run are in test_bootstrap.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Hosts, gpu_provision
+from tests.sandbox import harness
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture
+def hung_mirror() -> Iterator[str]:
+    """A mirror that accepts the connection and never answers."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    yield f"http://127.0.0.1:{s.getsockname()[1]}/whl"
+    s.close()
+
+
+def alive(pid: int) -> bool:
+    """Running (a killed process may linger as a zombie until its parent reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def journal(info: harness.HostInfo) -> dict[str, dict[str, object]]:
+    return {p.stem: json.loads(p.read_text())
+            for p in info.path("/root/.gpu-provision/steps").glob("*.json")}
+
+
+def test_mirror_404_or_hang_moves_on_else_names_every_url(hosts: Hosts, gp_home: Path,
+                                                          tmp_path: Path, hung_mirror: str) -> None:
+    info = hosts.fresh("cpu-only")
+    try:
+        good = info.mirror
+        missing = good["pytorch"].rsplit("/", 1)[0] + "/no-such-mirror"
+        inv = info.inventory_with(tmp_path / "mirrors.yaml", mirrors={
+            "miniconda": [hung_mirror, missing, good["miniconda"]],
+            "pypi": good["pypi"],
+            "conda_channels": [good["conda"]],
+            "pytorch": [missing, hung_mirror]})
+        started = time.monotonic()
+        r = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path)
+        seconds = time.monotonic() - started
+        out = r.stdout + r.stderr
+        assert r.returncode == 1
+        # Miniconda: the hung and the 404 mirrors are passed over, the third one is used
+        log = "".join(p.read_text() for p in (tmp_path / "logs").rglob("conda.log"))
+        assert f"mirror {hung_mirror} (miniconda) failed: no answer within 10s" in log
+        assert f"mirror {missing} (miniconda) failed: HTTP 404" in log
+        assert f"downloading {good['miniconda']}/Miniconda3-latest-Linux-x86_64.sh" in log
+        # torch: neither index answers; the error names both and what to change
+        assert "step 'torch' failed with exit code 4" in out
+        assert (f"no pytorch mirror answered: {missing}/cpu (HTTP 404); {hung_mirror}/cpu "
+                "(no answer within 10s);") in out
+        assert "under mirrors.pytorch in the inventory" in out
+        assert seconds < 120  # each hang is bounded
+        # consistent: what finished is recorded as done, the failed step as failed, no lock held
+        j = journal(info)
+        assert {k: v["result"] for k, v in j.items()} == {"conda": "ok", "env": "ok",
+                                                            "torch": "failed"}
+        assert j["torch"]["exit"] == 4
+        plan = gpu_provision("-H", inv, "plan", "--json", home=gp_home, cwd=tmp_path)
+        assert json.loads(plan.stdout)["changes"] == ["torch"]
+    finally:
+        harness.stop(info.id)
+
+
+def test_full_disk_is_named_and_the_next_run_clears_the_half_install(
+        hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    info = hosts.fresh("cpu-only")
+    try:
+        harness.in_host(info, "mkdir", "-p", "/root/miniconda3")
+        harness.in_host(info, "mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", "/root/miniconda3")
+        r = gpu_provision("-H", info.inventory, "conda", home=gp_home, cwd=tmp_path)
+        assert r.returncode == 1
+        assert "step 'conda' failed" in r.stderr and "No space left on device" in r.stderr
+        assert "A step ran out of disk space. (seen: ERROR: Could not install packages due to an " \
+            "OSError: [Errno 28] No space left on device) Free space on the disk it wrote to" in r.stderr
+        entry = journal(info)["conda"]
+        assert entry["result"] == "failed"
+        assert harness.in_host(info, "cat", "/root/.gpu-provision/conda.partial").stdout == \
+            "/root/miniconda3\n"
+        assert harness.in_host(info, "ls", "-A", "/root/miniconda3").stdout  # half there
+
+        harness.in_host(info, "mount", "-o", "remount,size=400m", "/root/miniconda3")
+        again = gpu_provision("-H", info.inventory, "conda", home=gp_home, cwd=tmp_path)
+        assert again.returncode == 0, again.stdout + again.stderr
+        log = "".join(p.read_text() for p in (tmp_path / "logs").rglob("conda.log"))
+        assert "an earlier Miniconda install at /root/miniconda3 did not finish: clearing it" in log
+        assert journal(info)["conda"]["result"] == "ok"
+        assert harness.in_host(info, "/root/miniconda3/bin/conda", "--version").returncode == 0
+        assert harness.in_host(info, "test", "-e", "/root/.gpu-provision/conda.partial",
+                               check=False).returncode == 1
+    finally:
+        harness.stop(info.id)
+
+
+def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: Path,
+                                                        tmp_path: Path) -> None:
+    """Ctrl-C here leaves the pip install running on the host and says how to re-attach; the
+    next run re-attaches; the host then reboots under it; the run after that redoes the
+    interrupted step from the journal and finishes."""
+    info = hosts.fresh("cpu-only")
+    env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"}
+    pidf = info.path("/root/.gpu-provision/steps/torch.pid")
+
+    def start() -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "provision", "-H", info.inventory,
+                                 "bootstrap"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+
+    def wait_for(cond: object, what: str, proc: subprocess.Popen[str] | None = None) -> None:
+        deadline = time.monotonic() + 120
+        while not cond():  # type: ignore[operator]
+            assert proc is None or proc.poll() is None, proc.communicate() if proc else ""
+            assert time.monotonic() < deadline, what
+            time.sleep(0.1)
+
+    try:
+        first = start()
+        wait_for(pidf.exists, "the torch step never started", first)
+        time.sleep(1)
+        first.send_signal(signal.SIGINT)
+        out, err = first.communicate(timeout=30)
+        assert first.returncode == 130, out + err
+        assert "interrupted while waiting for step 'torch'; it goes on, detached, on the host" in err
+        assert "Run bootstrap again to re-attach" in err
+        pid = int(pidf.read_text().split()[0])
+        assert alive(pid)  # pip goes on
+
+        sessions = len(info.sessions())
+        second = start()
+        wait_for(lambda: len(info.sessions()) >= sessions + 2, "no second run", second)
+        time.sleep(4)  # its step script re-attaches once the first waiter has let go
+        boots = info.state().get("boots", 0)
+        harness.in_host(info, "reboot")  # unexpected: nobody asked for it
+        wait_for(lambda: info.state().get("boots", 0) > boots, "the host did not reboot")
+        out, err = second.communicate(timeout=60)
+        assert second.returncode != 0
+        assert "re-attaching to torch" in out
+        assert "the connection was lost during step 'torch' (the network dropped, or the host " \
+            "rebooted)" in err
+        assert not alive(pid)  # the reboot killed the install
+
+        harness._wait_ssh(info.host, info.port)  # the host is back
+        facts = json.loads(gpu_provision("-H", info.inventory, "facts", "--json",
+                                         home=gp_home).stdout)
+        assert facts["interrupted"] == ["torch"]
+        third = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path)
+        assert third.returncode == 0, third.stdout + third.stderr
+        assert ("torch: redo: install torch 2.13.0+cpu (interrupted on the host before it "
+                "finished (a reboot or a kill)) ...") in third.stdout
+        assert "verdict: PASS" in third.stdout
+        j = journal(info)
+        assert {k: v["result"] for k, v in j.items()} == {
+            "conda": "ok", "env": "ok", "torch": "ok", "validate": "ok"}
+        assert json.loads(gpu_provision("-H", info.inventory, "facts", "--json",
+                                        home=gp_home).stdout)["interrupted"] == []
+    finally:
+        harness.stop(info.id)
