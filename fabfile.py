@@ -15,6 +15,7 @@ from provision.tasks import (  # noqa: F401
     refresh_compat,
     repin,
     torch_task,
+    verify,
     validate,
 )
 

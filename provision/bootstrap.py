@@ -156,8 +156,13 @@ def last_logs(host: str) -> dict[str, str]:
     runs = sorted(p for p in (Path("logs") / host_dir(host)).glob("*") if p.is_dir())
     if not runs:
         return {}
-    return {f"log {p.relative_to('logs')}": p.read_text(errors="replace")[-20000:]
+    return {f"log {p.relative_to('logs')}": _outputs(p.read_text(errors="replace"))[-20000:]
             for p in sorted(runs[-1].glob("*.log"))}
+
+
+def _outputs(log: str) -> str:
+    """A step log without the commands it records (a script's own text is not its output)."""
+    return re.sub(r"^\$ .*?^# exit -?\d+ in [\d.]+s$", "", log, flags=re.MULTILINE | re.DOTALL)
 
 
 def save_report(host: str, report: dict[str, Any], kind: str = "validate") -> Path:

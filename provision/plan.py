@@ -174,7 +174,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         steps += [ops.torch_step(facts, settings, lay, torch), ops.packages_step(facts, settings, lay)]
     elif blocked:
         steps.append(ops.Step("torch", "none", f"blocked: {blocked}"))
-    steps.append(ops.validate_step(facts, lay))
+    steps.append(ops.validate_step(facts, lay, settings, torch))
     decisions += [Decision(s.name, s.action, s.reason) for s in steps if s.name != "driver"]
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
                 risks=torch.risks if torch else (), blocked=blocked, steps=tuple(steps),

@@ -36,7 +36,7 @@ RECIPE_SCHEMA = {
     "miniconda_sha256": Check(str, v.sha256),
     "mirrors": MIRRORS_SCHEMA,
     "validation": {"min_free_disk_gb": float, "min_memory_gb": float, "min_cpu_cores": int,
-                   "min_tflops_ratio": float},
+                   "min_tflops_ratio": float, "min_bandwidth_ratio": float},
 }
 
 PLATFORM_SCHEMA = {

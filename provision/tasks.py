@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -181,6 +182,41 @@ def validate(c: Context, recipe: str | None = None, platform: str | None = None)
     assert outcome.report is not None
     output.verdict_table(target.name, outcome.report, outcome.report_path)
     if outcome.verdict == "FAIL":
+        raise Exit(code=1)
+
+
+@task(help={"junit": "the JUnit XML file (default reports/<host>/verify-<time>.xml)"})
+@reports_errors
+def verify(c: Context, junit: str | None = None) -> None:
+    """Run the shipped pytest-testinfra suite against the host (exit 1 when a check fails).
+
+    It uses this tool's connection (key, port, pinned host key) and checks what the last
+    bootstrap recorded: driver, GPUs, conda, env, torch and its CUDA, mirrors, held driver
+    packages, no stale lock. Example: gpu-provision -H my-4090 verify
+    """
+    import pytest
+
+    from .verify import SUITE
+    target = target_of(c)
+    path = Path(junit) if junit else \
+        Path("reports") / host_dir(target.name) / f"verify-{time.strftime('%Y%m%d-%H%M%S')}.xml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = connect(target, notify=_notify)
+
+    class HandOver:  # gives the suite our open, pinned connection
+        def pytest_configure(self, config: Any) -> None:
+            config.gpu_provision_client = conn.client
+
+    try:
+        code = pytest.main([str(SUITE), f"--hosts=paramiko://{target.user}@{target.host}:"
+                            f"{target.port}", "-c", os.devnull, "--rootdir", str(SUITE),
+                            "-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={path}"],
+                           plugins=[HandOver()])
+    finally:
+        conn.close()
+    output.console.print(f"verify: {target.name}: {'all checks passed' if code == 0 else 'FAILED'}"
+                         f" (JUnit XML: {path})")
+    if code != 0:
         raise Exit(code=1)
 
 

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ..command import quote
 from ..compat import TorchChoice, dotted, load_compat
@@ -189,12 +194,64 @@ def forget_secrets_body() -> str:
     return render("secrets_forget.sh.j2")
 
 
-def validate_step(facts: HostFacts, lay: Layout) -> Step:
+def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
+                  choice: TorchChoice | None = None) -> Step:
     script = (templates_dir() / "validate_gpu.py").read_text()
     expected = len(facts.gpus)
+    config = validation_config(facts, settings)
     body = render("validate.sh.j2", python_bin=lay.python_bin, script=script,
-                  expected_gpus=str(expected))
+                  config=json.dumps(config, sort_keys=True),
+                  expected=json.dumps(verify_expectations(facts, lay, settings, choice), indent=1))
     what = f"{expected} GPU(s)" if expected else "CPU mode"
+    also = "; TFLOPS and bandwidth against the datasheet" if config["reference"] else ""
     return Step("validate", "run validate_gpu.py",
-                f"{what}: torch imports, sees every GPU, matmul matches the CPU", body,
-                inputs_hash(expected=expected))
+                f"{what}: torch imports, sees every GPU, matmul matches the CPU{also}", body,
+                inputs_hash(config=config))
+
+
+def verify_expectations(facts: HostFacts, lay: Layout, settings: Settings,
+                        choice: TorchChoice | None) -> dict[str, Any]:
+    """What the shipped testinfra suite (provision/verify) checks the host against; kept on the
+    host as ~/.gpu-provision/expected.json so `pytest --hosts=...` needs nothing else."""
+    env = find_env(facts, lay)
+    torch, cuda = (choice.torch, choice.cuda_version) if choice else (None, None)
+    if lay.adopted and env is not None and env.torch and not settings.torch:  # the platform's kept
+        torch, cuda = env.torch.split("+")[0], env.torch_cuda
+    ours = f"{lay.conda_root}/bin/conda" not in facts.conda or \
+        facts.journal.get("conda", {}).get("result") == "ok"  # we wrote .condarc and pip.conf
+    return {"conda_root": lay.conda_root, "env_prefix": lay.env_prefix,
+            "python": None if lay.adopted else settings.python, "torch": torch, "torch_cuda": cuda,
+            "gpus": [g.name for g in facts.gpus], "driver": facts.driver,
+            "conda_channels": list(settings.mirrors.conda_channels) if ours else None,
+            "pypi": list(_pypi(settings)) if ours else None}
+
+
+def validation_config(facts: HostFacts, settings: Settings) -> dict[str, Any]:
+    """What validate_gpu.py judges against: the GPU count seen now, the advertised GPU, the
+    recipe's thresholds and the reference figures of the GPUs present."""
+    refs = {g.name: ref for g in facts.gpus if (ref := gpu_reference(g.name))}
+    return {"expected_gpus": len(facts.gpus), "advertised": parse_gpu_claim(settings.gpu),
+            "thresholds": dict(settings.validation), "reference": refs,
+            "data_dir": settings.data_dir}
+
+
+def parse_gpu_claim(claim: str | None) -> dict[str, Any] | None:
+    """``RTX 4090 x2`` -> {"model": "RTX 4090", "count": 2}; no ``xN`` means one."""
+    if not claim:
+        return None
+    m = re.fullmatch(r"\s*(.*?\S)(?:\s*[x×]\s*(\d+))?\s*", claim)
+    assert m is not None  # the inventory's validator has checked the shape
+    return {"model": m.group(1), "count": int(m.group(2) or 1)}
+
+
+@cache
+def _perf_table() -> dict[str, dict[str, Any]]:
+    raw = yaml.safe_load((Path(__file__).parent.parent / "data" / "gpu_perf.yaml").read_text())
+    return {k.lower(): v for k, v in raw["gpus"].items()}
+
+
+def gpu_reference(name: str) -> dict[str, Any] | None:
+    """The datasheet figures for the GPU nvidia-smi calls ``name`` (longest fragment wins)."""
+    low = name.lower()
+    table = _perf_table()
+    return next((table[k] for k in sorted(table, key=len, reverse=True) if k in low), None)
