@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Debian/Ubuntu packages the sandbox hosts use: sshd, the distro's Python with venv (stand-ins,
-# test installer), curl (downloads on the hosts), ss (listen check), unshare/nsenter.
-SYSTEM_PACKAGES := openssh-server python3-venv curl iproute2 util-linux
+# test installer), curl (downloads on the hosts), ss (listen check), unshare/nsenter, and
+# chromium (headless: the compare page's chart must render in a real browser).
+SYSTEM_PACKAGES := openssh-server python3-venv curl iproute2 util-linux chromium
 
 .PHONY: test lint demo system-deps clean
 
@@ -22,15 +23,16 @@ system-deps:
 	command -v curl >/dev/null || missing="$$missing curl"; \
 	command -v ss >/dev/null || missing="$$missing iproute2"; \
 	command -v nsenter >/dev/null || missing="$$missing util-linux"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	  else echo "sandbox tests will skip: missing$$missing (install them as root)"; fi; \
 	fi
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check provision tests
+	$(VENV)/bin/ruff check provision tests bench
 	$(VENV)/bin/mypy
 
 test: $(VENV)/.installed system-deps lint

@@ -2,8 +2,10 @@
 
 from provision.tasks import (  # noqa: F401
     bootstrap,
+    compare,
     conda_task,
     authorize,
+    bench,
     doctor,
     driver_task,
     env_task,

@@ -133,11 +133,16 @@ def check_torch(plan: Plan, stdout: str) -> None:
                              f"{choice.index_url} served another build")
 
 
-def parse_validation(stdout: str) -> dict[str, Any]:
-    m = re.search(r"^VALIDATE_JSON (\{.*\})$", stdout, re.MULTILINE)
+def parse_marked(stdout: str, marker: str, script: str) -> dict[str, Any]:
+    """The one JSON object a remote script printed as ``<marker> {...}``."""
+    m = re.search(rf"^{marker} (\{{.*\}})$", stdout, re.MULTILINE)
     if not m:
-        raise ProvisionError("validate_gpu.py printed no JSON; see the step log")
+        raise ProvisionError(f"{script} printed no JSON; see the step log")
     return json.loads(m.group(1))  # type: ignore[no-any-return]
+
+
+def parse_validation(stdout: str) -> dict[str, Any]:
+    return parse_marked(stdout, "VALIDATE_JSON", "validate_gpu.py")
 
 
 def host_dir(host: str) -> str:

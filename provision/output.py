@@ -134,3 +134,45 @@ def findings_table(host: str, findings: Sequence[Finding]) -> None:
         console.print(f"\n[bold {colour[f.level]}]{f.level}[/] {escape(f.diagnosis)}")
         console.print(f"  [bold]fix:[/] {escape(f.fix)}")
         console.print(f"  [dim]seen in {escape(f.evidence)}[/]")
+
+
+def bench_table(host: str, r: dict[str, Any], path: Any) -> None:
+    from .compare import number
+    t = Table(title=f"bench: {host} ({r['mode']} mode, torch {r.get('torch')})",
+              title_justify="left", show_header=False)
+    t.add_column("figure", style="bold")
+    t.add_column("value")
+    for dtype, v in (r.get("tflops") or {}).items():
+        t.add_row(f"matmul {dtype}", f"{v} TFLOPS")
+    t.add_row("memory", number(r.get("memory_gb"), " GB"))
+    t.add_row("host to device", number(r.get("h2d_gbs"), " GB/s"))
+    t.add_row("CNN training", number(r.get("train_samples_s"), " samples/s"))
+    t.add_row("detector inference", f"{number(r.get('infer_ms_b1'), ' ms', 2)} at batch 1, "
+                                    f"{number(r.get('infer_ms_b32'), ' ms', 2)} at batch 32 "
+                                    f"({number(r.get('infer_images_s'), ' images/s')})")
+    t.add_row("disk", f"write {number(r.get('disk_write_mbs'), ' MB/s')}, read "
+                      f"{number(r.get('disk_read_mbs'), ' MB/s')} ({r.get('disk_path')})")
+    t.add_row("CPU", f"{r.get('cpu_cores')} cores, single-core score {r.get('cpu_single_score')}")
+    for d in r.get("downloads") or []:
+        t.add_row(f"download {d['kind']}", escape(number(d.get("mbs"), " MB/s") + f" {d['url']}"
+                                                  + (f" ({d['error']})" if d.get("error") else "")))
+    console.print(t)
+    for n in r.get("notes") or []:
+        console.print(f"note: {escape(n)}")
+    console.print(f"report: {path}")
+
+
+def compare_table(rows: Sequence[Any], notes: Sequence[str]) -> None:
+    from .compare import money, number
+    t = Table(title="compare: value for money (cheapest first)", title_justify="left")
+    for col in ("host", "platform", "GPU", "price/h", "TFLOPS", "samples/s", "per 1M samples",
+                "per TFLOP-hour", "download MB/s"):
+        t.add_column(col, justify="right" if col not in ("host", "platform", "GPU") else "left")
+    for r in rows:
+        t.add_row(escape(r.host), r.platform or "-", escape(r.gpu), money(r.price, r.currency, 2),
+                  number(r.tflops) + (f" {r.tflops_dtype}" if r.tflops_dtype else ""),
+                  number(r.samples_s), money(r.cost_per_m_samples, r.currency),
+                  money(r.cost_per_tflop_hour, r.currency), number(r.download_mbs))
+    console.print(t)
+    for n in notes:
+        console.print(f"note: {escape(n)}")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -15,9 +16,18 @@ from fabric import Connection, task
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from . import output
+from . import ops, output
 from .authorize import authorize_key
-from .bootstrap import Outcome, apply, host_dir, last_logs, last_report
+from .bootstrap import (
+    Outcome,
+    apply,
+    host_dir,
+    last_logs,
+    last_report,
+    parse_marked,
+    run_step,
+    save_report,
+)
 from .compat import choose_torch, compat_text, load_compat
 from .connection import connect, forget_pin, known_hosts_path
 from .doctor import diagnose, texts_for
@@ -175,9 +185,7 @@ def validate(c: Context, recipe: str | None = None, platform: str | None = None)
     """
     with session(c) as (target, ex):
         p = _plan_for(c, ex, target, _cli_settings(None, None, recipe, platform, None, None))
-        if p.layout is None or p.facts is None or \
-                not any(e.prefix == p.layout.env_prefix for e in p.facts.envs):
-            raise ProvisionError(f"{target.name}: no env to validate yet: run bootstrap first")
+        _require_env(p, "validate")
         outcome = apply(ex, p, only={"validate"})
     assert outcome.report is not None
     output.verdict_table(target.name, outcome.report, outcome.report_path)
@@ -257,6 +265,92 @@ def doctor(c: Context, log: list[str] | None = None, json_: bool = False) -> Non
         output.findings_table(host, findings)
     if any(x.level == "error" for x in findings):
         raise Exit(code=1)
+
+
+def _require_env(p: Plan, what: str) -> None:
+    if p.layout is None or p.facts is None or \
+            not any(e.prefix == p.layout.env_prefix for e in p.facts.envs):
+        raise ProvisionError(f"{p.host}: no env to {what} yet: run bootstrap first")
+
+
+@task(help={"download_mb": "MiB downloaded from each mirror (default 50)",
+            "json": "print the report as JSON"})
+@reports_errors
+def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
+    """Run the standard benchmark in the env and save reports/<host>/bench-<time>.json.
+
+    matmul TFLOPS per dtype, memory and host-to-device bandwidth, a small CNN's training
+    throughput, a detector's inference latency (batch 1 and 32), disk write/read in the data
+    dir, CPU cores and a single-core score, download speed from each mirror. A host without a
+    GPU runs it on the CPU, labelled so. Example: gpu-provision -H my-4090 bench
+    """
+    with session(c) as (target, ex):
+        p = _plan_for(c, ex, target, {})
+        _require_env(p, "benchmark")
+        assert p.facts is not None and p.layout is not None
+        step = ops.bench_step(p.facts, p.layout, p.settings, p.torch, download_mb)
+        output.console.print(f"{target.name}: bench: {step.reason} ...")
+        result = run_step(ex, step, time.strftime("%Y%m%d-%H%M%S"))
+    report = parse_marked(result.stdout, "BENCH_JSON", "bench_gpu.py")
+    s = p.settings
+    report.update(host=target.name, inventory=str(target.source) if target.source else None,
+                  platform=s.platform, advertised=s.gpu, price_per_hour=s.price_per_hour,
+                  currency=s.currency, at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    path = save_report(target.name, report, kind="bench")
+    if json_:
+        output.print_json(report)
+    else:
+        output.bench_table(target.name, report, path)
+
+
+@task(iterable=["report"], help={
+    "report": "a bench report file or glob (repeatable; default: the newest "
+              "reports/<host>/bench-*.json of each host)",
+    "html": "where to write the page (default reports/compare.html; its PNG goes beside it)",
+    "json": "print the rows as JSON"})
+@reports_errors
+def compare(c: Context, report: list[str] | None = None, html: str = "reports/compare.html",
+            json_: bool = False) -> None:
+    """Local: join saved bench reports with each host's price_per_hour and currency from its
+    inventory; print a table sorted by value for money and write an HTML page with a chart.
+
+    Example: gpu-provision compare --report 'reports/*/bench-*.json'
+    """
+    from . import chart
+    from .compare import newest_per_host, rows
+
+    patterns = report or ["reports/*/bench-*.json"]
+    paths = newest_per_host(p for pat in patterns for p in sorted(Path().glob(pat))
+                            if p.is_file()) if not report else \
+        sorted({p for pat in patterns for p in (sorted(Path().glob(pat)) or [Path(pat)])})
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing or not paths:
+        raise ProvisionError(f"no bench report at {', '.join(missing or patterns)}: run "
+                             "`gpu-provision -H <host> bench` first")
+    loaded = [(str(p), json.loads(p.read_text())) for p in paths]
+    table = rows(loaded, _price_of)
+    notes = sorted({r["published"] for _, r in loaded if r.get("published")})
+    png = chart.write(table, Path(html), notes)
+    if json_:
+        output.print_json([r.as_json() for r in table])
+    else:
+        output.compare_table(table, notes)
+        output.console.print(f"wrote {html} and {png}")
+
+
+def _price_of(report: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    """The price in the host's inventory now, else what the report recorded at bench time."""
+    for spec in (report.get("inventory"), report.get("host")):
+        if not spec:
+            continue
+        try:
+            target = resolve_target(str(spec))
+        except ProvisionError:
+            continue
+        if target.source is not None and "price_per_hour" in target.settings:
+            return float(target.settings["price_per_hour"]), target.settings.get("currency")
+    price = report.get("price_per_hour")
+    return (float(price) if price is not None else None), report.get("currency")
 
 
 def _cli_settings(python: str | None, torch: str | None, recipe: str | None,

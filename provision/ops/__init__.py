@@ -209,6 +209,25 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
                 inputs_hash(config=config))
 
 
+def bench_step(facts: HostFacts, lay: Layout, settings: Settings,
+               choice: TorchChoice | None, download_mb: int = 50) -> Step:
+    """The standard benchmark (templates/bench_gpu.py) in the env; downloads from every mirror."""
+    m = settings.mirrors
+    arch = facts.arch or "x86_64"
+    variant = choice.cuda if choice else "cpu"
+    mirrors = [{"kind": "miniconda", "url": f"{b.rstrip('/')}/Miniconda3-latest-Linux-{arch}.sh"}
+               for b in m.miniconda]
+    mirrors += [{"kind": "pypi", "url": f"{b.rstrip('/')}/torch/"} for b in m.pypi]
+    mirrors += [{"kind": "pytorch", "url": f"{b.rstrip('/')}/{variant}/torch/"} for b in m.pytorch]
+    config = {"data_dir": settings.data_dir, "mirrors": mirrors, "download_mb": download_mb}
+    body = render("bench.sh.j2", python_bin=lay.python_bin,
+                  validate_script=(templates_dir() / "validate_gpu.py").read_text(),
+                  bench_script=(templates_dir() / "bench_gpu.py").read_text(),
+                  config=json.dumps(config, sort_keys=True))
+    return Step("bench", "run bench_gpu.py", f"the standard suite; {len(mirrors)} mirror(s), at "
+                f"most {download_mb} MiB each", body, inputs_hash(config=config))
+
+
 def verify_expectations(facts: HostFacts, lay: Layout, settings: Settings,
                         choice: TorchChoice | None) -> dict[str, Any]:
     """What the shipped testinfra suite (provision/verify) checks the host against; kept on the

@@ -76,4 +76,6 @@ def test_autodl_uses_the_platform_conda_and_env(hosts: Hosts, gp_home: Path,
         assert f"{task}: nothing to do" in r.stdout
     assert "adopt the platform's env 'base'" in r.stdout
     assert not {c["tool"] for c in info.calls()} & {"apt-get", "ubuntu-drivers", "modprobe",
-                                                     "reboot", "dpkg-query", "apt-mark"}
+                                                     "reboot", "apt-mark"}
+    # the facts list the installed driver packages (for doctor); nothing else asks dpkg
+    assert all(c["argv"][:1] == ["-W"] for c in info.calls("dpkg-query"))

@@ -1,0 +1,211 @@
+"""How fast is the tool itself over a long link? A benchmark, not a test: it prints figures.
+
+Over a TCP delay proxy (tests/sandbox/proxy.py) in front of a provisioned CPU-only sandbox host,
+at each round-trip time it takes the median of fresh runs (a new process each, as a user runs
+them) of: bare `ssh host true`; `ssh host 'bash -s' < bench/checks.sh` (the read-only checks a
+re-run needs: the baseline); `gpu-provision facts`; a no-op `gpu-provision bootstrap`; the same
+checks as an Ansible playbook (bench/checks.yml) and as pyinfra facts (bench/checks_pyinfra.py).
+Then no-op bootstraps of 1, 4 and 16 sandbox hosts at once.
+
+Usage, as root in the checkout after `make test` (ansible-core and pyinfra are the `bench`
+extra; they are installed into .venv when missing):
+
+    .venv/bin/python bench/speed.py [--runs 5] [--rtt 0,50,200] [--hosts 1,4,16] [--write]
+
+--write puts the figures, the machine and the date into bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("GPU_SANDBOX_DIR", "/tmp/gpu-bench")
+
+from tests.sandbox import harness  # noqa: E402
+from tests.sandbox.proxy import TcpProxy  # noqa: E402
+
+BIN = Path(sys.executable).parent
+WORK = Path(tempfile.mkdtemp(prefix="gpu-speed-"))
+ENV = {**os.environ, "GPU_PROVISION_HOME": str(WORK / "gp-home"), "COLUMNS": "200",
+       "ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_PIPELINING": "True",
+       "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_NOCOLOR": "1"}
+SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+            "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
+
+
+def timed(argv: list[str], stdin: str | None = None, env: dict[str, str] | None = None,
+          ok: tuple[int, ...] = (0,)) -> float:
+    started = time.perf_counter()
+    r = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=WORK,
+                       env=env or ENV, timeout=600)
+    seconds = time.perf_counter() - started
+    if r.returncode not in ok:
+        raise SystemExit(f"{' '.join(argv[:4])}... exited {r.returncode}:\n{r.stdout[-1500:]}"
+                         f"\n{r.stderr[-1500:]}")
+    return seconds
+
+
+def median(argv_fn, runs: int, **kw) -> float:  # type: ignore[no-untyped-def]
+    return statistics.median(timed(argv_fn(i), **kw) for i in range(runs))
+
+
+def ensure_bench_tools() -> None:
+    if not (BIN / "ansible-playbook").exists() or not (BIN / "pyinfra").exists():
+        print("installing the bench extra (ansible-core, pyinfra) into", BIN.parent)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{ROOT}[bench]"],
+                       check=True)
+
+
+def provisioned(info: harness.HostInfo) -> None:
+    r = subprocess.run([str(BIN / "gpu-provision"), "-H", info.inventory, "bootstrap"], cwd=WORK,
+                       env=ENV, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"bootstrap of the bench host failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+
+
+def clone_home(src: harness.HostInfo, dst: harness.HostInfo) -> None:
+    """A provisioned /root for ``dst``: Miniconda and the env as hard links (nothing is written
+    by a no-op run), our state and config copied."""
+    a, b = src.path("/root"), dst.path("/root")
+    subprocess.run(["cp", "-al", str(a / "miniconda3"), str(b / "miniconda3")], check=True)
+    for rel in (".gpu-provision", ".condarc", ".config"):
+        if (a / rel).exists():
+            subprocess.run(["cp", "-a", str(a / rel), str(b / rel)], check=True)
+    shutil.rmtree(b / ".gpu-provision" / "logs", ignore_errors=True)
+
+
+def one_link(info: harness.HostInfo, rtt: int, runs: int) -> dict[str, float]:
+    proxy = TcpProxy((info.host, info.port), delay_ms=rtt)
+    try:
+        inv = info.inventory_with(WORK / f"via-{rtt}ms.yaml", host="127.0.0.1", port=proxy.port)
+        ssh = ["ssh", "-i", info.key, "-p", str(proxy.port), *SSH_OPTS, "root@127.0.0.1"]
+        checks = (ROOT / "bench" / "checks.sh").read_text()
+        ini = WORK / f"ansible-{rtt}.ini"
+        ini.write_text(f"box ansible_host=127.0.0.1 ansible_port={proxy.port} ansible_user=root "
+                       f"ansible_ssh_private_key_file={info.key} "
+                       "ansible_python_interpreter=/usr/bin/python3\n")
+        pyinv = WORK / f"pyinfra_inv_{rtt}.py"
+        pyinv.write_text(f"hosts = [('127.0.0.1', {{'ssh_port': {proxy.port}, 'ssh_user': 'root', "
+                         f"'ssh_key': {info.key!r}, 'ssh_strict_host_key_checking': 'off', "
+                         "'ssh_known_hosts_file': '/dev/null'})]\n")
+        timed([str(BIN / "gpu-provision"), "-H", inv, "facts"])  # pins the key (first use)
+        out = {
+            "ssh true": median(lambda i: [*ssh, "true"], runs),
+            "ssh bash -s < checks.sh": median(lambda i: [*ssh, "bash -s"], runs, stdin=checks),
+            "gpu-provision facts": median(
+                lambda i: [str(BIN / "gpu-provision"), "-H", inv, "facts", "--json"], runs),
+            "gpu-provision bootstrap (no-op)": median(
+                lambda i: [str(BIN / "gpu-provision"), "-H", inv, "bootstrap"], runs),
+            "ansible-playbook checks.yml": median(
+                lambda i: [str(BIN / "ansible-playbook"), "-i", str(ini),
+                           str(ROOT / "bench" / "checks.yml")], runs,
+                env={**ENV, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(WORK / f"cp-{rtt}-{time.time()}")}),
+            "pyinfra checks_pyinfra.py": median(
+                lambda i: [str(BIN / "pyinfra"), "-y", "--quiet", str(pyinv),
+                           str(ROOT / "bench" / "checks_pyinfra.py")], runs),
+        }
+        return out
+    finally:
+        proxy.close()
+
+
+def many(infos: list[harness.HostInfo], counts: list[int], runs: int) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for n in counts:
+        hosts = ",".join(i.inventory for i in infos[:n])
+        env = {**ENV, "GPU_PROVISION_PARALLEL": str(n)}
+        out[n] = {task: median(lambda i, h=hosts, t=task: [str(BIN / "gpu-provision"), "-H", h, t],
+                               runs, env=env) for task in ("facts", "bootstrap")}
+    return out
+
+
+def machine() -> str:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    mem = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                   if ln.startswith("MemTotal"))) / 1048576
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Python {sys.version.split()[0]}"
+
+
+def report(links: dict[int, dict[str, float]], par: dict[int, dict[str, float]], runs: int) -> str:
+    rtts = sorted(links)
+    names = list(links[rtts[0]])
+    lines = [f"Medians of {runs} fresh runs, seconds (ratio to `ssh bash -s < checks.sh`).", "",
+             "| | " + " | ".join(f"{r} ms RTT" for r in rtts) + " |",
+             "|---|" + "---|" * len(rtts)]
+    for name in names:
+        cells = [f"{links[r][name]:.2f} ({links[r][name] / links[r]['ssh bash -s < checks.sh']:.2f}x)"
+                 for r in rtts]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Against the others (their time / gpu-provision's no-op bootstrap):", "",
+              "| | " + " | ".join(f"{r} ms" for r in rtts) + " |", "|---|" + "---|" * len(rtts)]
+    for other in ("ansible-playbook checks.yml", "pyinfra checks_pyinfra.py"):
+        lines.append(f"| {other} | " + " | ".join(
+            f"{links[r][other] / links[r]['gpu-provision bootstrap (no-op)']:.1f}x" for r in rtts) + " |")
+    if par:
+        counts = sorted(par)
+        lines += ["", "Several hosts at once (0 ms RTT), wall seconds (ratio to one host):", "",
+                  "| hosts | facts | bootstrap (no-op) |", "|---|---|---|"]
+        for n in counts:
+            lines.append(f"| {n} | {par[n]['facts']:.2f} ({par[n]['facts'] / par[counts[0]]['facts']:.2f}x) "
+                         f"| {par[n]['bootstrap']:.2f} "
+                         f"({par[n]['bootstrap'] / par[counts[0]]['bootstrap']:.2f}x) |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--rtt", default="0,50,200")
+    ap.add_argument("--hosts", default="1,4,16")
+    ap.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
+    a = ap.parse_args()
+    problem = harness.why_unavailable()
+    if problem:
+        raise SystemExit(f"sandbox hosts unavailable: {problem}")
+    ensure_bench_tools()
+    counts = [int(x) for x in a.hosts.split(",") if x]
+    started = time.time()
+    infos = [harness.start("cpu-only")]
+    try:
+        print(f"provisioning the bench host {infos[0].id} ...", flush=True)
+        provisioned(infos[0])
+        links = {}
+        for rtt in (int(x) for x in a.rtt.split(",")):
+            print(f"measuring at {rtt} ms RTT ...", flush=True)
+            links[rtt] = one_link(infos[0], rtt, a.runs)
+        par: dict[int, dict[str, float]] = {}
+        if counts and max(counts) > 1:
+            for _ in range(max(counts) - 1):
+                infos.append(harness.start("cpu-only"))
+                clone_home(infos[0], infos[-1])
+            for info in infos:  # pin every key once, outside the timing
+                timed([str(BIN / "gpu-provision"), "-H", info.inventory, "facts", "--json"])
+            print(f"measuring {counts} hosts at once ...", flush=True)
+            par = many(infos, counts, max(1, a.runs // 2))
+    finally:
+        harness.stop_all()
+    text = report(links, par, a.runs)
+    print(text)
+    print(json.dumps({"links": links, "parallel": par}))
+    if a.write:
+        head = (f"# Speed of gpu-provision\n\nMeasured {time.strftime('%Y-%m-%d')} by "
+                f"`bench/speed.py --runs {a.runs}` in {time.time() - started:.0f} s on {machine()}.\n"
+                "Sandbox hosts are real OpenSSH servers on 127.0.0.x; the round-trip time is added "
+                "by a TCP proxy that holds each chunk for half the RTT in each direction.\n\n")
+        (ROOT / "bench" / "RESULTS.md").write_text(head + text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Price per performance: saved bench reports joined with each host's price. Pure: the task
+reads the files and the inventories, this turns them into rows, sorted by value for money."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ProvisionError
+
+
+@dataclass(frozen=True)
+class Row:
+    host: str
+    platform: str | None
+    gpu: str
+    mode: str  # gpu | cpu
+    price: float | None  # per hour
+    currency: str | None
+    tflops: float | None  # the best tensor figure measured (bf16/fp16), else fp32
+    tflops_dtype: str | None
+    samples_s: float | None  # small-CNN training throughput
+    cost_per_m_samples: float | None  # price of a million training samples
+    cost_per_tflop_hour: float | None
+    download_mbs: float | None  # the best mirror
+    source: str  # the report file, or where published figures come from
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def newest_per_host(paths: Iterable[Path]) -> list[Path]:
+    """Of several reports for one host, the newest (names sort by time: bench-YYYYmmdd-HHMMSS)."""
+    by_host: dict[str, Path] = {}
+    for p in sorted(paths, key=lambda p: p.name):
+        try:
+            host = json.loads(p.read_text()).get("host") or p.parent.name
+        except (OSError, ValueError) as exc:
+            raise ProvisionError(f"{p}: not a readable bench report ({exc})") from None
+        by_host[host] = p
+    return sorted(by_host.values())
+
+
+def best_tflops(report: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    figures = report.get("tflops") or {}
+    for dtype in ("bf16", "fp16", "tf32", "fp32"):
+        if figures.get(dtype):
+            return float(figures[dtype]), dtype
+    return None, None
+
+
+def row(report: Mapping[str, Any], source: str, price: float | None,
+        currency: str | None) -> Row:
+    tflops, dtype = best_tflops(report)
+    samples = report.get("train_samples_s")
+    speeds = [d["mbs"] for d in report.get("downloads") or [] if d.get("mbs")]
+    gpus = report.get("gpus") or []
+    gpu = f"{gpus[0]} x{len(gpus)}" if gpus else "CPU only"
+    return Row(
+        host=str(report.get("host")), platform=report.get("platform"), gpu=gpu,
+        mode=str(report.get("mode")), price=price, currency=currency,
+        tflops=tflops, tflops_dtype=dtype, samples_s=samples,
+        cost_per_m_samples=(price / (samples * 3600) * 1e6) if price and samples else None,
+        cost_per_tflop_hour=(price / tflops) if price and tflops else None,
+        download_mbs=max(speeds) if speeds else None, source=source)
+
+
+def rows(reports: Iterable[tuple[str, Mapping[str, Any]]],
+         price_of: Callable[[Mapping[str, Any]], tuple[float | None, str | None]]) -> list[Row]:
+    """One row per report; the cheapest million training samples first, then the cheapest
+    TFLOP-hour; hosts missing a figure come after, still shown."""
+    out = [row(r, source, *price_of(r)) for source, r in reports]
+
+    def key(r: Row) -> tuple[Any, ...]:
+        return (r.currency or "~", r.cost_per_m_samples is None, r.cost_per_m_samples or 0,
+                r.cost_per_tflop_hour is None, r.cost_per_tflop_hour or 0, r.host)
+    return sorted(out, key=key)
+
+
+def money(value: float | None, currency: str | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f} {currency or ''}".strip()
+
+
+def number(value: float | None, unit: str = "", digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}{unit}"

@@ -1,0 +1,213 @@
+"""gpu-provision bench: the standard suite, run on the host in the provisioned env (torch only,
+next to validate_gpu.py whose measuring helpers it shares). Needs no downloads but the bounded
+mirror probes. Prints ONE line, ``BENCH_JSON <object>``.
+
+Argument 1 is a JSON config: {"data_dir": str|null, "mirrors": [{"kind", "url"}],
+"download_mb": int}. Every figure is a number or null (not measured, with the reason in
+"notes"); "mode" says whether the GPU or the CPU ran the torch parts.
+
+Suite (fixed, so reports from different hosts compare):
+- matmul TFLOPS per dtype (fp32, tf32, fp16, bf16 where the GPU has them; CPU: fp32);
+- device memory, host-to-device bandwidth;
+- training throughput of a small CNN on generated MNIST-shaped data (batch 128, SGD);
+- inference latency of a small detection-sized conv net on generated 640x640 images, batch 1
+  and 32;
+- disk write and read speed in the data dir (256 MiB, fsync'd, read back past the page cache);
+- CPU cores and a single-core score;
+- download speed from each configured mirror (at most download_mb MiB each).
+"""
+
+import json
+import os
+import re
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import validate_gpu as vg  # noqa: E402
+
+
+def cnn(torch, device, steps, batch=128):
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(),
+                          nn.Linear(128, 10)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    _sync(torch, device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(torch, device)
+    return round(steps * batch / (time.perf_counter() - t0), 1)
+
+
+def detector(torch, device, batch, iters):
+    """Milliseconds per batch of a YOLO-sized (640x640, 255-channel head) conv net."""
+    nn = torch.nn
+    layers, c = [], 3
+    for out in (16, 32, 64, 128, 256):
+        layers += [nn.Conv2d(c, out, 3, stride=2, padding=1), nn.BatchNorm2d(out), nn.SiLU()]
+        c = out
+    model = nn.Sequential(*layers, nn.Conv2d(c, 255, 1)).to(device).eval()
+    x = torch.randn(batch, 3, 640, 640, device=device)
+    with torch.no_grad():
+        model(x)
+        _sync(torch, device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            model(x)
+        _sync(torch, device)
+    return round((time.perf_counter() - t0) / iters * 1000, 2)
+
+
+def _sync(torch, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def disk(path, mib=256):
+    """MB/s writing ``mib`` MiB (fsync'd) and reading it back after dropping it from the cache."""
+    f = os.path.join(path, f".gpu-provision-bench-{os.getpid()}")
+    block = os.urandom(1048576)
+    try:
+        t0 = time.perf_counter()
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        for _ in range(mib):
+            os.write(fd, block)
+        os.fsync(fd)
+        os.close(fd)
+        write = mib * 1.048576 / (time.perf_counter() - t0)
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        t0 = time.perf_counter()
+        while os.read(fd, 4 * 1048576):
+            pass
+        os.close(fd)
+        read = mib * 1.048576 / (time.perf_counter() - t0)
+        return round(write, 1), round(read, 1), None
+    except OSError as exc:
+        return None, None, f"disk {path}: {exc}"
+    finally:
+        if os.path.exists(f):
+            os.unlink(f)
+
+
+def single_core(seconds=0.5):
+    """Millions of loop iterations per second of plain Python arithmetic (one core)."""
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        x = 0
+        for i in range(100000):
+            x += i * i % 7
+        n += 100000
+    return round(n / (time.perf_counter() - t0) / 1e6, 2)
+
+
+def _first_file(index_url, timeout):
+    """The first file linked from a PEP 503 project page (the biggest thing a mirror serves)."""
+    with urllib.request.urlopen(index_url, timeout=timeout) as r:
+        page = r.read(2_000_000).decode("utf-8", "replace")
+    m = re.search(r'href="([^"#]+\.(?:whl|tar\.gz|sh))', page)
+    if not m:
+        raise ValueError(f"no file linked from {index_url}")
+    return urllib.parse.urljoin(index_url, m.group(1))
+
+
+def download(kind, url, mib, timeout=20):
+    """MB/s of the first ``mib`` MiB of the mirror's file (a project page is followed to its
+    first file)."""
+    started = time.perf_counter()
+    try:
+        if not re.search(r"\.(whl|tar\.gz|sh)$", url):
+            url = _first_file(url, timeout)
+        req = urllib.request.Request(url, headers={"Range": f"bytes=0-{mib * 1048576 - 1}"})
+        got, t0 = 0, time.perf_counter()
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            while got < mib * 1048576 and time.perf_counter() - started < timeout:
+                chunk = r.read(1048576)
+                if not chunk:
+                    break
+                got += len(chunk)
+        secs = time.perf_counter() - t0
+        return {"kind": kind, "url": url, "mb": round(got / 1e6, 1),
+                "mbs": round(got / 1e6 / secs, 1) if secs > 0 else None, "error": None}
+    except Exception as exc:  # a dead mirror is a figure (none), not a crash
+        return {"kind": kind, "url": url, "mb": 0, "mbs": None, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def run(cfg):
+    notes = []
+    out = {"schema": 1, "mode": "cpu", "torch": None, "cuda": None, "gpus": [], "tflops": {},
+           "memory_gb": None, "h2d_gbs": None, "train_samples_s": None, "infer_ms_b1": None,
+           "infer_ms_b32": None, "infer_images_s": None, "disk_write_mbs": None,
+           "disk_read_mbs": None, "cpu_cores": os.cpu_count(), "cpu_single_score": single_core(),
+           "downloads": [], "notes": notes}
+    data_dir = cfg.get("data_dir") or os.path.expanduser("~")
+    if not os.path.isdir(data_dir):
+        notes.append(f"data dir {data_dir} does not exist: disk measured in the home dir")
+        data_dir = os.path.expanduser("~")
+    out["disk_write_mbs"], out["disk_read_mbs"], problem = disk(data_dir)
+    out["disk_path"] = data_dir
+    if problem:
+        notes.append(problem)
+    out["downloads"] = [download(m["kind"], m["url"], int(cfg.get("download_mb") or 50))
+                        for m in cfg.get("mirrors") or []]
+    try:
+        import torch
+    except Exception as exc:
+        notes.append(f"import torch failed: {exc!r}: no torch figures")
+        return out
+    out.update(torch=torch.__version__, cuda=torch.version.cuda)
+    gpu = torch.version.cuda is not None and torch.cuda.is_available()
+    if gpu:
+        out["mode"] = "gpu"
+        dev = torch.device("cuda", 0)
+        props = torch.cuda.get_device_properties(0)
+        cap = torch.cuda.get_device_capability(0)
+        out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        out["memory_gb"] = round(props.total_memory / 1e9, 1)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        out["tflops"]["fp32"] = vg._tflops(torch, dev, torch.float32, 4096)
+        if cap[0] >= 8:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            out["tflops"]["tf32"] = vg._tflops(torch, dev, torch.float32, 8192)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            out["tflops"]["bf16"] = vg._tflops(torch, dev, torch.bfloat16, 8192)
+        out["tflops"]["fp16"] = vg._tflops(torch, dev, torch.float16, 8192)
+        out["h2d_gbs"] = vg._h2d(torch, dev)
+        steps, iters = 200, 20
+    else:
+        dev = torch.device("cpu")
+        notes.append("no usable GPU: the torch figures are the CPU's")
+        a = torch.randn(1024, 1024)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            a @ a
+        out["tflops"]["fp32"] = round(5 * 2 * 1024 ** 3 / (time.perf_counter() - t0) / 1e12, 3)
+        steps, iters = 20, 2
+    out["train_samples_s"] = cnn(torch, dev, steps)
+    out["infer_ms_b1"] = detector(torch, dev, 1, iters * 2)
+    out["infer_ms_b32"] = detector(torch, dev, 32, iters)
+    out["infer_images_s"] = round(32 / out["infer_ms_b32"] * 1000, 1)
+    return out
+
+
+if __name__ == "__main__":
+    config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    started = time.perf_counter()
+    result = run(config)
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    print("BENCH_JSON " + json.dumps(result))

@@ -1,0 +1,56 @@
+"""compare: rows from bench reports and prices, value-for-money order, missing figures kept, the
+HTML page and its PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from provision import chart
+from provision.compare import newest_per_host, rows
+
+PUBLISHED = Path(__file__).resolve().parent.parent.parent / "bench" / "published"
+
+
+def report(host: str, samples: float | None, tflops: dict[str, float], **kw: Any) -> dict[str, Any]:
+    return {"host": host, "mode": "gpu", "gpus": ["NVIDIA GeForce RTX 4090"], "tflops": tflops,
+            "train_samples_s": samples, "downloads": [{"kind": "pypi", "mbs": 41.5},
+                                                      {"kind": "pytorch", "mbs": None}], **kw}
+
+
+def test_value_for_money_order_and_missing_figures() -> None:
+    prices = {"cheap": (0.30, "USD"), "dear": (2.00, "USD"), "unpriced": (None, None)}
+    table = rows([("a.json", report("dear", 20000.0, {"bf16": 600.0})),
+                  ("b.json", report("unpriced", 15000.0, {"fp16": 150.0})),
+                  ("c.json", report("cheap", 10000.0, {"fp32": 50.0, "bf16": 140.0}))],
+                 lambda r: prices[r["host"]])
+    assert [r.host for r in table] == ["cheap", "dear", "unpriced"]
+    cheap = table[0]
+    assert round(cheap.cost_per_m_samples or 0, 5) == round(0.30 / (10000 * 3600) * 1e6, 5)
+    assert (cheap.tflops, cheap.tflops_dtype) == (140.0, "bf16")
+    assert round(cheap.cost_per_tflop_hour or 0, 5) == round(0.30 / 140, 5)
+    assert cheap.download_mbs == 41.5 and cheap.gpu == "NVIDIA GeForce RTX 4090 x1"
+    assert table[2].price is None and table[2].cost_per_m_samples is None  # shown, not dropped
+
+
+def test_published_reports_load_and_are_marked() -> None:
+    paths = newest_per_host(PUBLISHED.glob("*.json"))
+    loaded = [(str(p), json.loads(p.read_text())) for p in paths]
+    assert all("not measured" in r["published"] for _, r in loaded)
+    table = rows(loaded, lambda r: (r["price_per_hour"], r["currency"]))
+    # 3.78 / 989.4 TFLOPS beats 1.48 / 312 per TFLOP-hour
+    assert [r.host for r in table] == ["lambda-h100-sxm (published)", "lambda-a100-40gb (published)"]
+    assert table[1].samples_s is None and table[1].cost_per_m_samples is None
+    assert round(table[1].cost_per_tflop_hour or 0, 5) == round(1.48 / 312.0, 5)
+
+
+def test_page_and_png(tmp_path: Path) -> None:
+    table = rows([("a.json", report("box <1>", 1000.0, {"fp32": 0.1}, platform="vast"))],
+                 lambda r: (0.5, "USD"))
+    png = chart.write(table, tmp_path / "compare.html", ["published & marked"])
+    page = (tmp_path / "compare.html").read_text()
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert page.count("<svg") == 1 and "box &lt;1&gt;" in page and "published &amp; marked" in page
+    assert chart.BAR in page  # the bars are drawn in the page itself, not linked
+    assert "<script" not in page and "http" not in page.split("<svg", 1)[0].split("<li>")[0]
