@@ -3,7 +3,7 @@ next to validate_gpu.py whose measuring helpers it shares). Needs no downloads b
 mirror probes. Prints ONE line, ``BENCH_JSON <object>``.
 
 Argument 1 is a JSON config: {"data_dir": str|null, "mirrors": [{"kind", "url"}],
-"download_mb": int}. Every figure is a number or null (not measured, with the reason in
+"download_mb": int, "download_timeout": seconds per mirror (default 20)}. Every figure is a number or null (not measured, with the reason in
 "notes"); "mode" says whether the GPU or the CPU ran the torch parts.
 
 Suite (fixed, so reports from different hosts compare):
@@ -163,7 +163,8 @@ def run(cfg):
     out["disk_path"] = data_dir
     if problem:
         notes.append(problem)
-    out["downloads"] = [download(m["kind"], m["url"], int(cfg.get("download_mb") or 50))
+    out["downloads"] = [download(m["kind"], m["url"], int(cfg.get("download_mb") or 50),
+                                 int(cfg.get("download_timeout") or 20))
                         for m in cfg.get("mirrors") or []]
     try:
         import torch

@@ -89,7 +89,35 @@ def test_every_template_is_covered() -> None:
     assert shipped == {"facts.sh.j2", "step.sh.j2", "conda.sh.j2", "env.sh.j2", "torch.sh.j2",
                        "packages.sh.j2", "validate.sh.j2", "validate_gpu.py", "driver.sh.j2",
                        "driver_hold.sh.j2", "_first_mirror.sh.j2", "secrets.sh.j2",
-                       "secrets_forget.sh.j2"}
+                       "secrets_forget.sh.j2", "bench.sh.j2", "bench_gpu.py"}
+
+
+def test_bench_script_renders_and_runs_without_torch(here: HostFacts, http_servers: tuple[str, str],
+                                                     tmp_path: Path) -> None:
+    """The bench step renders to valid bash; bench_gpu.py's torch-free parts (disk, CPU score,
+    downloads, a hung mirror bounded) run here under the real interpreter."""
+    from provision.ops import Layout, bench_step
+    target = load_inventory(Path("inventories/example-4090.yaml"))
+    settings = settings_for(target, None, {})
+    step = bench_step(here, Layout("/opt/conda", "gpu", False), settings, None, download_mb=1)
+    assert step.body and bash_ok(step.body) and "BENCH_JSON" not in step.reason
+    web, hung = http_servers
+    (tmp_path / "good" / "pip" / "pip-24.0.tar.gz").write_bytes(b"x" * 3_000_000)
+    (tmp_path / "good" / "pip" / "index.html").write_text('<a href="pip-24.0.tar.gz">pip</a>')
+    (tmp_path / "data").mkdir()
+    config = {"data_dir": str(tmp_path / "data"), "download_mb": 1, "download_timeout": 2,
+              "mirrors": [{"kind": "pypi", "url": f"{web}/good/pip/"},
+                          {"kind": "pytorch", "url": f"{hung}/cpu/torch/"}]}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # a python without torch
+    r = subprocess.run(["python3", str(templates_dir() / "bench_gpu.py"), json.dumps(config)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    out = json.loads(r.stdout.split("BENCH_JSON ", 1)[1])
+    assert out["disk_write_mbs"] > 0 and out["disk_read_mbs"] > 0 and out["cpu_single_score"] > 0
+    assert out["disk_path"] == str(tmp_path / "data") and not list((tmp_path / "data").iterdir())
+    good, bad = out["downloads"]
+    assert good["url"] == f"{web}/good/pip/pip-24.0.tar.gz" and good["mb"] == 1.0 and good["mbs"] > 0
+    assert bad["mbs"] is None and "timed out" in bad["error"]
+    assert any("import torch failed" in n for n in out["notes"]) and out["train_samples_s"] is None
 
 
 HOSTILE = ["; rm -rf / #", "$(touch PWNED)", "`touch PWNED`", "it's \"quoted\"", "two\nlines",
