@@ -112,7 +112,7 @@ def one_link(info: harness.HostInfo, rtt: int, runs: int) -> dict[str, float]:
                            str(ROOT / "bench" / "checks.yml")], runs,
                 env={**ENV, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(WORK / f"cp-{rtt}-{time.time()}")}),
             "pyinfra checks_pyinfra.py": median(
-                lambda i: [str(BIN / "pyinfra"), "-y", "--quiet", str(pyinv),
+                lambda i: [str(BIN / "pyinfra"), "-y", str(pyinv),
                            str(ROOT / "bench" / "checks_pyinfra.py")], runs),
         }
         return out
