@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ from .refresh import diff_index, refreshed_yaml, scan_index
 from .secrets import digest, push_values
 
 F = TypeVar("F", bound=Callable[..., Any])
+_PYTEST = threading.Lock()
 
 
 def reports_errors(fn: F) -> F:
@@ -216,10 +218,11 @@ def verify(c: Context, junit: str | None = None) -> None:
             config.gpu_provision_client = conn.client
 
     try:
-        code = pytest.main([str(SUITE), f"--hosts=paramiko://{target.user}@{target.host}:"
-                            f"{target.port}", "-c", os.devnull, "--rootdir", str(SUITE),
-                            "-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={path}"],
-                           plugins=[HandOver()])
+        with _PYTEST:  # pytest.main is not thread-safe: hosts of a -H list take turns
+            code = pytest.main([str(SUITE), f"--hosts=paramiko://{target.user}@{target.host}:"
+                                f"{target.port}", "-c", os.devnull, "--rootdir", str(SUITE),
+                                "-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={path}"],
+                               plugins=[HandOver()])
     finally:
         conn.close()
     output.console.print(f"verify: {target.name}: {'all checks passed' if code == 0 else 'FAILED'}"
