@@ -115,6 +115,8 @@ CHECKS: dict[str, Check] = {
     "no_module_for_kernel": lambda f: {"kernel": f.kernel}
     if f.nvidia_ko_for_kernel is False and f.virtualization.kind != "container" else None,
     "container": lambda f: {} if f.virtualization.kind == "container" else None,
+    "no_driver_with_gpu": lambda f: {"pci": ", ".join(g.name for g in f.pci_gpus)}
+    if f.nvidia_state == "no_driver" and f.pci_gpus else None,
     "several_driver_branches": lambda f: {"packages": ", ".join(f.driver_packages)}
     if len(_branches(f.driver_packages)) > 1 else None,
     "torch_conda_and_pip": _conda_and_pip,

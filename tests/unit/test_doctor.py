@@ -19,6 +19,9 @@ FIX = Path(__file__).resolve().parent.parent / "fixtures"
     ("nvidia-smi/fail-couldnt-communicate-gcp-debian11.txt", "driver-not-loaded", "driver"),
     ("nvidia-smi/fail-couldnt-communicate-docker-mattshma-108.txt", "driver-not-loaded", "driver"),
     ("nvidia-smi/fail-nvml-mismatch-550.144.txt", "nvml-mismatch", "Reboot"),
+    ("nvidia-smi/fail-nvml-mismatch-535.154-vs-550.78-gtx1070.txt", "nvml-mismatch", "Reboot"),
+    ("nvidia-smi/fail-command-not-found-ubuntu20.04-es.txt", "no-driver", "driver`: it picks the branch"),
+    ("nvidia-smi/fail-device-handle-unknown-error-a-i0.txt", "device-handle-unknown", "naming GPU 0000:09:00.0"),
     ("nvidia-smi/fail-nvml-mismatch-570.124.txt", "nvml-mismatch", "Reboot"),
     ("nvidia-smi/fail-nvml-mismatch-legacy.txt", "nvml-mismatch", "Reboot"),
     ("nvidia-smi/fail-nvml-mismatch-580.178-truenas.txt", "nvml-mismatch", "Reboot"),
@@ -46,6 +49,11 @@ def test_each_captured_failure_gets_its_diagnosis(fixture: str, entry: str, word
     assert findings[0].level == "error"
     assert words in findings[0].fix
     assert findings[0].evidence.startswith(fixture + ": ")
+
+
+def test_an_old_driver_is_explained_not_an_error() -> None:
+    [f] = diagnose({"smi": (FIX / "nvidia-smi/fail-query-compute-cap-invalid-field.txt").read_text()})
+    assert (f.id, f.level) == ("old-driver-no-compute-cap", "info")
 
 
 def test_driver_too_old_names_the_drivers_cuda() -> None:
@@ -94,6 +102,15 @@ def test_driver_not_loaded_names_the_cause(healthy: HostFacts, change: dict[str,
     facts = replace(healthy, nvidia_state="not_communicating", nvidia_output=SMI_NOT_LOADED,
                     gpus=(), **change)  # type: ignore[arg-type]
     assert _ids(facts, {"nvidia-smi": facts.nvidia_output}) == [cause]
+
+
+def test_a_gpu_without_a_driver(healthy: HostFacts) -> None:
+    from provision.facts.pci import PciGpu
+    bare = replace(healthy, nvidia_state="no_driver", gpus=(), driver=None,
+                   pci_gpus=(PciGpu("01:00.0", "AD102 [GeForce RTX 4090]", "2684"),))
+    [f] = diagnose({}, bare, host="my-4090")
+    assert f.id == "no-driver-gpu-present" and "AD102 [GeForce RTX 4090]" in f.diagnosis
+    assert "gpu-provision -H my-4090 driver" in f.fix
 
 
 def test_fact_findings(healthy: HostFacts) -> None:
