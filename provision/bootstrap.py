@@ -1,6 +1,7 @@
 """Apply a plan: each step that has work is one remote execution under the host's lock.
 
-A re-run on a provisioned host is two executions: facts, then validation.
+A re-run on a provisioned host is one execution (facts) when nothing validation checks has
+changed since it last passed, else two (facts, then validation).
 """
 
 from __future__ import annotations
@@ -199,6 +200,8 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
         if not step.changes:
             output.console.print(f"[dim]{plan.host}: {step.name}: nothing to do - {step.reason}[/]")
             out.steps.append((step.name, "skipped", 0.0))
+            if step.name == "validate" and plan.facts is not None:  # the unchanged last verdict
+                out.verdict = plan.facts.journal.get("verdict", {}).get("result")
             continue
         result = _timed(ex, step, run_id, out)
         if step.name == "torch":

@@ -73,7 +73,8 @@ def driver_branch(caps: list[tuple[int, int]], facts: HostFacts | None = None
 
 
 def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platform,
-              secrets: Mapping[str, str] | None = None, secrets_digest: str = "") -> Plan:
+              secrets: Mapping[str, str] | None = None, secrets_digest: str = "",
+              revalidate: bool = False) -> Plan:
     decisions: list[Decision] = []
     detected = facts.platform or "none detected"
     decisions.append(Decision("platform", "none",
@@ -174,7 +175,9 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         steps += [ops.torch_step(facts, settings, lay, torch), ops.packages_step(facts, settings, lay)]
     elif blocked:
         steps.append(ops.Step("torch", "none", f"blocked: {blocked}"))
-    steps.append(ops.validate_step(facts, lay, settings, torch))
+    # validation runs after any change, or when asked; otherwise it may be skipped (see ops)
+    steps.append(ops.validate_step(facts, lay, settings, torch,
+                                   always=revalidate or any(s.changes for s in steps)))
     decisions += [Decision(s.name, s.action, s.reason) for s in steps if s.name != "driver"]
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
                 risks=torch.risks if torch else (), blocked=blocked, steps=tuple(steps),

@@ -134,14 +134,15 @@ def plan(c: Context, json_: bool = False, python: str | None = None, torch: str 
 
 
 def _plan_for(c: Context, ex: Executor, target: Target, cli: dict[str, Any],
-              push: bool = False) -> Plan:
+              push: bool = False, revalidate: bool = False) -> Plan:
     """Facts (one remote execution), settings by precedence, the plan. ``push``: with the
-    inventory's push_env tokens (each must be set in this shell)."""
+    inventory's push_env tokens (each must be set in this shell); ``revalidate``: validation
+    runs even when nothing it checks has changed."""
     f = _facts(target, ex)
     settings = settings_for(target, f.platform, cli)
     values = push_values(target) if push else {}
     return make_plan(target.name, f, settings, load_platform(settings.platform), values,
-                     digest(values) if values else "")
+                     digest(values) if values else "", revalidate=revalidate)
 
 
 def _apply(c: Context, target: Target, ex: Executor, p: Plan, cli: dict[str, Any],
@@ -161,7 +162,8 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
               cuda_compat: str | None = None, env_name: str | None = None) -> dict[str, Any]:
     """Turn the host into a validated PyTorch env: conda, env, torch, packages, validation.
 
-    Safe to repeat: a provisioned host is checked in two remote executions and left unchanged.
+    Safe to repeat: a provisioned host is checked in one remote execution and left unchanged;
+    validation runs again once anything it checks has changed (or after 6 hours).
     Example: gpu-provision -H my-4090 bootstrap
     """
     cli = _cli_settings(python, torch, recipe, platform, cuda_compat, env_name)
@@ -186,7 +188,8 @@ def validate(c: Context, recipe: str | None = None, platform: str | None = None)
     Example: gpu-provision -H my-4090 validate
     """
     with session(c) as (target, ex):
-        p = _plan_for(c, ex, target, _cli_settings(None, None, recipe, platform, None, None))
+        p = _plan_for(c, ex, target, _cli_settings(None, None, recipe, platform, None, None),
+                      revalidate=True)
         _require_env(p, "validate")
         outcome = apply(ex, p, only={"validate"})
     assert outcome.report is not None

@@ -98,6 +98,7 @@ class HostFacts:
     nvidia_ko_for_kernel: bool | None = None  # a built nvidia.ko exists for the running kernel
     nvidia_output: str = ""  # nvidia-smi's own words when it failed (what doctor matches)
     step_logs: Mapping[str, str] = field(default_factory=dict)  # step -> tail of its host log
+    now: float = 0.0  # the host's clock (epoch seconds) when the facts were read
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -322,6 +323,7 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
                               if "nvidia_ko" in probes else None),
         nvidia_output=q_out.strip()[:4000] if state not in (None, "no_driver") else "",
         step_logs=parse_step_logs(_ok(probes, "step_logs") or ""),
+        now=float((_ok(probes, "now") or "0").strip() or 0),
     )
 
 

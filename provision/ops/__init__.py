@@ -194,19 +194,33 @@ def forget_secrets_body() -> str:
     return render("secrets_forget.sh.j2")
 
 
+REVALIDATE_AFTER = 6 * 3600  # seconds: an unchanged host is measured again after this long
+
+
 def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
-                  choice: TorchChoice | None = None) -> Step:
+                  choice: TorchChoice | None = None, always: bool = True) -> Step:
+    """Validation. Unless ``always``, it is skipped when the last run PASSed on this boot, less
+    than REVALIDATE_AFTER ago, with the same GPUs, driver, env, torch, idle GPUs and config: the
+    facts carry all of these, so a re-run that changes nothing costs one remote execution."""
     script = (templates_dir() / "validate_gpu.py").read_text()
     expected = len(facts.gpus)
     config = validation_config(facts, settings)
+    expect = verify_expectations(facts, lay, settings, choice)
+    h = inputs_hash(config=config, expect=expect, boot=facts.boot_id,
+                    busy=sorted(p.name for p in facts.gpu_processes), state=facts.nvidia_state)
+    last = facts.journal.get("verdict", {})
+    age = facts.now - float(last.get("at") or 0) if facts.now else REVALIDATE_AFTER
+    if not always and last.get("inputs") == h and last.get("result") == "PASS" \
+            and 0 <= age < REVALIDATE_AFTER:
+        return Step("validate", "none", f"PASS {age / 60:.0f} min ago on this boot, and nothing it "
+                    "checked has changed (`validate` measures again)")
     body = render("validate.sh.j2", python_bin=lay.python_bin, script=script,
-                  config=json.dumps(config, sort_keys=True),
-                  expected=json.dumps(verify_expectations(facts, lay, settings, choice), indent=1))
+                  config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
+                  inputs=h)
     what = f"{expected} GPU(s)" if expected else "CPU mode"
     also = "; TFLOPS and bandwidth against the datasheet" if config["reference"] else ""
     return Step("validate", "run validate_gpu.py",
-                f"{what}: torch imports, sees every GPU, matmul matches the CPU{also}", body,
-                inputs_hash(config=config))
+                f"{what}: torch imports, sees every GPU, matmul matches the CPU{also}", body, h)
 
 
 def bench_step(facts: HostFacts, lay: Layout, settings: Settings,

@@ -33,7 +33,8 @@ def main() -> int:
                 print(f"demo: {' '.join(step)} exited {r.returncode}")
                 return r.returncode
         print(f"\n{len(info.sessions())} remote executions in all; run it again and bootstrap "
-              "changes nothing in two.")
+              "changes nothing in one (validation is redone once something it checks changes, "
+              "or with `validate`).")
         return 0
     finally:
         harness.stop_all()

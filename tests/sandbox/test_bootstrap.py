@@ -55,22 +55,37 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
         steps = {p.stem: json.loads(p.read_text())
                  for p in info.path("/root/.gpu-provision/steps").glob("*.json")}
         assert {k: v["result"] for k, v in steps.items()} == {
-            "conda": "ok", "env": "ok", "torch": "ok", "validate": "ok"}
+            "conda": "ok", "env": "ok", "torch": "ok", "validate": "ok", "verdict": "PASS"}
 
-        # a second bootstrap changes nothing and needs two remote executions
+        # a second bootstrap changes nothing and needs one remote execution: the facts show that
+        # nothing validation checked has changed since it passed
         torch_dir = info.path("/root/miniconda3/envs/torch/lib/python3.11/site-packages/torch")
         stamp = torch_dir.stat().st_mtime_ns
         before = len(info.sessions())
         again = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path)
         assert again.returncode == 0, again.stderr
-        assert len(info.sessions()) - before == 2
+        assert len(info.sessions()) - before == 1
         for step in ("conda", "env", "torch"):
             assert f"{step}: nothing to do" in again.stdout
+        assert "validate: nothing to do - PASS 0 min ago on this boot, and nothing it checked " \
+            "has changed (`validate` measures again)" in again.stdout
         assert torch_dir.stat().st_mtime_ns == stamp
-        for step in ("conda", "env", "torch"):
+        for step in ("conda", "env", "torch", "verdict"):
             entry = json.loads(info.path(f"/root/.gpu-provision/steps/{step}.json").read_text())
             assert entry == steps[step]
-        assert "verdict: PASS" in again.stdout
+
+        # once something it checks changes (here: a reboot, so a new boot id) it runs again
+        boots = info.state().get("boots", 0)
+        harness.in_host(info, "reboot")
+        deadline = time.monotonic() + 60
+        while info.state().get("boots", 0) == boots:
+            assert time.monotonic() < deadline, "the host did not reboot"
+            time.sleep(0.1)
+        harness._wait_ssh(info.host, info.port)
+        before = len(info.sessions())
+        rebooted = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path)
+        assert rebooted.returncode == 0, rebooted.stderr
+        assert len(info.sessions()) - before == 2 and "verdict: PASS" in rebooted.stdout
     finally:
         harness.stop(info.id)
 

@@ -146,3 +146,27 @@ def test_config_carries_claim_thresholds_and_references(here: HostFacts) -> None
     assert cfg["advertised"] == {"model": "RTX 4090", "count": 1}
     assert cfg["thresholds"]["min_tflops_ratio"] == 0.5
     assert list(cfg["reference"]) == ["NVIDIA GeForce RTX 4090"]
+
+
+def test_revalidation_only_when_something_it_checks_changed(here: HostFacts) -> None:
+    from provision.ops import REVALIDATE_AFTER, Layout, validate_step
+    settings = merge_settings(Target(name="box", host="h"), load_platform("generic-vm"),
+                              load_recipe("pytorch"))
+    lay = Layout("/root/miniconda3", "torch", False)
+    facts = replace(here, boot_id="b1", now=1_000_000.0)
+    first = validate_step(facts, lay, settings, always=False)
+    assert first.changes  # never validated here yet
+
+    def after(verdict: str, age: float, **change: Any) -> str:
+        f = replace(facts, journal={"verdict": {"step": "verdict", "inputs": first.inputs,
+                                                "result": verdict, "at": facts.now - age}})
+        return validate_step(replace(f, **change), lay, settings, always=False).action
+
+    assert after("PASS", 60) == "none"
+    assert after("WARN", 60) != "none"  # only a PASS is taken as it was
+    assert after("PASS", REVALIDATE_AFTER + 1) != "none"
+    assert after("PASS", 60, boot_id="b2") != "none"  # rebooted
+    assert after("PASS", 60, gpus=(Gpu(0, "NVIDIA GeForce RTX 4090", compute_cap="8.9"),)) != "none"
+    assert validate_step(replace(facts, journal={"verdict": {"inputs": first.inputs, "result": "PASS",
+                                                             "at": facts.now}}),
+                         lay, settings, always=True).changes
