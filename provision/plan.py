@@ -12,6 +12,7 @@ from .errors import NoWheelError
 from .facts.host import HostFacts, cc_from_name
 from .inventory import Settings
 from .ops import driver as driver_ops
+from .ops import validate as validate_ops
 from .recipes import Platform
 
 # Branches installed when the driver is missing or too old (compat.md §1.5).
@@ -176,7 +177,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     elif blocked:
         steps.append(ops.Step("torch", "none", f"blocked: {blocked}"))
     # validation runs after any change, or when asked; otherwise it may be skipped (see ops)
-    steps.append(ops.validate_step(facts, lay, settings, torch,
+    steps.append(validate_ops.validate_step(facts, lay, settings, torch,
                                    always=revalidate or any(s.changes for s in steps)))
     decisions += [Decision(s.name, s.action, s.reason) for s in steps if s.name != "driver"]
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,

@@ -17,7 +17,7 @@ from fabric import Connection, task
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from . import ops, output
+from . import output
 from .authorize import authorize_key
 from .bootstrap import (
     Outcome,
@@ -37,6 +37,7 @@ from .executor import Executor
 from .facts.host import HostFacts
 from .gather import gather
 from .inventory import Target, resolve_target, settings_for
+from .ops import validate as validate_ops
 from .plan import Plan, make_plan
 from .recipes import all_platforms, load_platform
 from .refresh import diff_index, refreshed_yaml, scan_index
@@ -294,7 +295,7 @@ def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
         p = _plan_for(c, ex, target, {})
         _require_env(p, "benchmark")
         assert p.facts is not None and p.layout is not None
-        step = ops.bench_step(p.facts, p.layout, p.settings, p.torch, download_mb)
+        step = validate_ops.bench_step(p.facts, p.layout, p.settings, p.torch, download_mb)
         output.console.print(f"{target.name}: bench: {step.reason} ...")
         result = run_step(ex, step, time.strftime("%Y%m%d-%H%M%S"))
     report = parse_marked(result.stdout, "BENCH_JSON", "bench_gpu.py")

@@ -7,20 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from ..command import quote
 from ..compat import TorchChoice, dotted, load_compat
 from ..facts.host import CondaEnv, HostFacts
 from ..inventory import Settings
-from ..paths import templates_dir
 from ..recipes import Platform
 from ..templating import render
 
@@ -96,14 +90,14 @@ def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
     file = f"Miniconda3-{version}-Linux-{arch}.sh"
     body = render("conda.sh.j2", prefix=lay.conda_root, bases=m.miniconda, file=file,
                   sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
-                  pypi=_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
+                  pypi=configured_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
     return Step("conda", f"{'redo: ' if partial else ''}install Miniconda at {lay.conda_root}",
                 f"no conda on the host; {file} from {_listed(m.miniconda)}, sha256 checked{why}",
                 body, inputs_hash(file=file, base=m.miniconda, channels=m.conda_channels,
                                   pypi=m.pypi))
 
 
-def _pypi(settings: Settings) -> tuple[str, ...]:
+def configured_pypi(settings: Settings) -> tuple[str, ...]:
     """The PyPI mirrors to configure; none when only pypi.org is listed (pip's default)."""
     return () if settings.mirrors.pypi == (DEFAULT_PYPI,) else settings.mirrors.pypi
 
@@ -171,7 +165,7 @@ def packages_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
             and "packages" not in facts.interrupted:
         return Step("packages", "none", f"{' '.join(settings.packages)} installed (journal)")
     body = render("packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
-                  pypi=_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
+                  pypi=configured_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
     return Step("packages", "pip install " + " ".join(settings.packages),
                 f"recipe {settings.recipe}, from {_listed(pypi)}, torch pinned", body, h)
 
@@ -192,99 +186,3 @@ def secrets_step(facts: HostFacts, values: Mapping[str, str], digest: str) -> St
 
 def forget_secrets_body() -> str:
     return render("secrets_forget.sh.j2")
-
-
-REVALIDATE_AFTER = 6 * 3600  # seconds: an unchanged host is measured again after this long
-
-
-def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
-                  choice: TorchChoice | None = None, always: bool = True) -> Step:
-    """Validation. Unless ``always``, it is skipped when the last run PASSed on this boot, less
-    than REVALIDATE_AFTER ago, with the same GPUs, driver, env, torch, idle GPUs and config: the
-    facts carry all of these, so a re-run that changes nothing costs one remote execution."""
-    script = (templates_dir() / "validate_gpu.py").read_text()
-    expected = len(facts.gpus)
-    config = validation_config(facts, settings)
-    expect = verify_expectations(facts, lay, settings, choice)
-    h = inputs_hash(config=config, expect=expect, boot=facts.boot_id,
-                    busy=sorted(p.name for p in facts.gpu_processes), state=facts.nvidia_state)
-    last = facts.journal.get("verdict", {})
-    age = facts.now - float(last.get("at") or 0) if facts.now else REVALIDATE_AFTER
-    if not always and last.get("inputs") == h and last.get("result") == "PASS" \
-            and 0 <= age < REVALIDATE_AFTER:
-        return Step("validate", "none", f"PASS {age / 60:.0f} min ago on this boot, and nothing it "
-                    "checked has changed (`validate` measures again)")
-    body = render("validate.sh.j2", python_bin=lay.python_bin, script=script,
-                  config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
-                  inputs=h)
-    what = f"{expected} GPU(s)" if expected else "CPU mode"
-    also = "; TFLOPS and bandwidth against the datasheet" if config["reference"] else ""
-    return Step("validate", "run validate_gpu.py",
-                f"{what}: torch imports, sees every GPU, matmul matches the CPU{also}", body, h)
-
-
-def bench_step(facts: HostFacts, lay: Layout, settings: Settings,
-               choice: TorchChoice | None, download_mb: int = 50) -> Step:
-    """The standard benchmark (templates/bench_gpu.py) in the env; downloads from every mirror."""
-    m = settings.mirrors
-    arch = facts.arch or "x86_64"
-    variant = choice.cuda if choice else "cpu"
-    mirrors = [{"kind": "miniconda", "url": f"{b.rstrip('/')}/Miniconda3-latest-Linux-{arch}.sh"}
-               for b in m.miniconda]
-    mirrors += [{"kind": "pypi", "url": f"{b.rstrip('/')}/torch/"} for b in m.pypi]
-    mirrors += [{"kind": "pytorch", "url": f"{b.rstrip('/')}/{variant}/torch/"} for b in m.pytorch]
-    config = {"data_dir": settings.data_dir, "mirrors": mirrors, "download_mb": download_mb}
-    body = render("bench.sh.j2", python_bin=lay.python_bin,
-                  validate_script=(templates_dir() / "validate_gpu.py").read_text(),
-                  bench_script=(templates_dir() / "bench_gpu.py").read_text(),
-                  config=json.dumps(config, sort_keys=True))
-    return Step("bench", "run bench_gpu.py", f"the standard suite; {len(mirrors)} mirror(s), at "
-                f"most {download_mb} MiB each", body, inputs_hash(config=config))
-
-
-def verify_expectations(facts: HostFacts, lay: Layout, settings: Settings,
-                        choice: TorchChoice | None) -> dict[str, Any]:
-    """What the shipped testinfra suite (provision/verify) checks the host against; kept on the
-    host as ~/.gpu-provision/expected.json so `pytest --hosts=...` needs nothing else."""
-    env = find_env(facts, lay)
-    torch, cuda = (choice.torch, choice.cuda_version) if choice else (None, None)
-    if lay.adopted and env is not None and env.torch and not settings.torch:  # the platform's kept
-        torch, cuda = env.torch.split("+")[0], env.torch_cuda
-    ours = f"{lay.conda_root}/bin/conda" not in facts.conda or \
-        facts.journal.get("conda", {}).get("result") == "ok"  # we wrote .condarc and pip.conf
-    return {"conda_root": lay.conda_root, "env_prefix": lay.env_prefix,
-            "python": None if lay.adopted else settings.python, "torch": torch, "torch_cuda": cuda,
-            "gpus": [g.name for g in facts.gpus], "driver": facts.driver,
-            "conda_channels": list(settings.mirrors.conda_channels) if ours else None,
-            "pypi": list(_pypi(settings)) if ours else None}
-
-
-def validation_config(facts: HostFacts, settings: Settings) -> dict[str, Any]:
-    """What validate_gpu.py judges against: the GPU count seen now, the advertised GPU, the
-    recipe's thresholds and the reference figures of the GPUs present."""
-    refs = {g.name: ref for g in facts.gpus if (ref := gpu_reference(g.name))}
-    return {"expected_gpus": len(facts.gpus), "advertised": parse_gpu_claim(settings.gpu),
-            "thresholds": dict(settings.validation), "reference": refs,
-            "data_dir": settings.data_dir}
-
-
-def parse_gpu_claim(claim: str | None) -> dict[str, Any] | None:
-    """``RTX 4090 x2`` -> {"model": "RTX 4090", "count": 2}; no ``xN`` means one."""
-    if not claim:
-        return None
-    m = re.fullmatch(r"\s*(.*?\S)(?:\s*[x×]\s*(\d+))?\s*", claim)
-    assert m is not None  # the inventory's validator has checked the shape
-    return {"model": m.group(1), "count": int(m.group(2) or 1)}
-
-
-@cache
-def _perf_table() -> dict[str, dict[str, Any]]:
-    raw = yaml.safe_load((Path(__file__).parent.parent / "data" / "gpu_perf.yaml").read_text())
-    return {k.lower(): v for k, v in raw["gpus"].items()}
-
-
-def gpu_reference(name: str) -> dict[str, Any] | None:
-    """The datasheet figures for the GPU nvidia-smi calls ``name`` (longest fragment wins)."""
-    low = name.lower()
-    table = _perf_table()
-    return next((table[k] for k in sorted(table, key=len, reverse=True) if k in low), None)

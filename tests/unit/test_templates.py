@@ -96,7 +96,8 @@ def test_bench_script_renders_and_runs_without_torch(here: HostFacts, http_serve
                                                      tmp_path: Path) -> None:
     """The bench step renders to valid bash; bench_gpu.py's torch-free parts (disk, CPU score,
     downloads, a hung mirror bounded) run here under the real interpreter."""
-    from provision.ops import Layout, bench_step
+    from provision.ops import Layout
+    from provision.ops.validate import bench_step
     target = load_inventory(Path("inventories/example-4090.yaml"))
     settings = settings_for(target, None, {})
     step = bench_step(here, Layout("/opt/conda", "gpu", False), settings, None, download_mb=1)

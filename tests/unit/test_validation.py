@@ -15,7 +15,7 @@ import pytest
 from provision.facts.host import HostFacts
 from provision.facts.nvidia import Gpu
 from provision.inventory import Target, merge_settings
-from provision.ops import gpu_reference, parse_gpu_claim, validation_config
+from provision.ops.validate import gpu_reference, parse_gpu_claim, validation_config
 from provision.paths import templates_dir
 from provision.recipes import load_platform, load_recipe
 
@@ -149,7 +149,8 @@ def test_config_carries_claim_thresholds_and_references(here: HostFacts) -> None
 
 
 def test_revalidation_only_when_something_it_checks_changed(here: HostFacts) -> None:
-    from provision.ops import REVALIDATE_AFTER, Layout, validate_step
+    from provision.ops import Layout
+    from provision.ops.validate import REVALIDATE_AFTER, validate_step
     settings = merge_settings(Target(name="box", host="h"), load_platform("generic-vm"),
                               load_recipe("pytorch"))
     lay = Layout("/root/miniconda3", "torch", False)
