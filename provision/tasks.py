@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import glob
 import json
 import os
 import threading
@@ -326,14 +327,14 @@ def compare(c: Context, report: list[str] | None = None, html: str = "reports/co
     from . import chart
     from .compare import newest_per_host, rows
 
-    patterns = report or ["reports/*/bench-*.json"]
-    paths = newest_per_host(p for pat in patterns for p in sorted(Path().glob(pat))
-                            if p.is_file()) if not report else \
-        sorted({p for pat in patterns for p in (sorted(Path().glob(pat)) or [Path(pat)])})
+    if report:  # as given (a pattern that matches nothing stands for itself, and is reported)
+        paths = sorted({Path(p) for pat in report for p in (glob.glob(pat) or [pat])})
+    else:
+        paths = newest_per_host(Path(p) for p in glob.glob("reports/*/bench-*.json"))
     missing = [str(p) for p in paths if not p.is_file()]
     if missing or not paths:
-        raise ProvisionError(f"no bench report at {', '.join(missing or patterns)}: run "
-                             "`gpu-provision -H <host> bench` first")
+        raise ProvisionError(f"no bench report at {', '.join(missing or ['reports/*/bench-*.json'])}"
+                             ": run `gpu-provision -H <host> bench` first")
     loaded = [(str(p), json.loads(p.read_text())) for p in paths]
     table = rows(loaded, _price_of)
     notes = sorted({r["published"] for _, r in loaded if r.get("published")})
