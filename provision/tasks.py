@@ -18,7 +18,8 @@ from fabric import Connection, task
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from . import output
+from . import chart, output
+from . import validators as v
 from .authorize import authorize_key
 from .bootstrap import (
     Outcome,
@@ -30,6 +31,8 @@ from .bootstrap import (
     run_step,
     save_report,
 )
+from .command import bash_script
+from .compare import newest_per_host, rows
 from .compat import choose_torch, compat_text, load_compat
 from .connection import connect, forget_pin, known_hosts_path
 from .doctor import diagnose, texts_for
@@ -38,11 +41,13 @@ from .executor import Executor
 from .facts.host import HostFacts
 from .gather import gather
 from .inventory import Target, resolve_target, settings_for
+from .ops import forget_secrets_body
 from .ops import validate as validate_ops
 from .plan import Plan, make_plan
 from .recipes import all_platforms, load_platform
 from .refresh import diff_index, refreshed_yaml, scan_index
 from .secrets import digest, push_values
+from .verify import SUITE
 
 F = TypeVar("F", bound=Callable[..., Any])
 _PYTEST = threading.Lock()
@@ -211,7 +216,6 @@ def verify(c: Context, junit: str | None = None) -> None:
     """
     import pytest
 
-    from .verify import SUITE
     target = target_of(c)
     path = Path(junit) if junit else \
         Path("reports") / host_dir(target.name) / f"verify-{time.strftime('%Y%m%d-%H%M%S')}.xml"
@@ -324,8 +328,6 @@ def compare(c: Context, report: list[str] | None = None, html: str = "reports/co
 
     Example: gpu-provision compare --report 'reports/*/bench-*.json'
     """
-    from . import chart
-    from .compare import newest_per_host, rows
 
     if report:  # as given (a pattern that matches nothing stands for itself, and is reported)
         paths = sorted({Path(p) for pat in report for p in (glob.glob(pat) or [pat])})
@@ -365,7 +367,6 @@ def _cli_settings(python: str | None, torch: str | None, recipe: str | None,
                   platform: str | None, cuda_compat: str | None,
                   env_name: str | None) -> dict[str, Any]:
     """Command-line values, checked like the YAML ones (the error names the option)."""
-    from . import validators as v
     cli = {"python": python, "torch": torch, "recipe": recipe, "platform": platform,
            "cuda_compat": cuda_compat, "env_name": env_name}
     for key, check in (("python", v.python_version), ("torch", v.torch_spec),
@@ -513,8 +514,6 @@ def forget_secrets(c: Context) -> None:
 
     Example: gpu-provision -H my-4090 forget-secrets
     """
-    from .command import bash_script
-    from .ops import forget_secrets_body
     with session(c) as (target, ex):
         r = ex.run(bash_script(forget_secrets_body()), step="forget-secrets")
     names = r.stdout.rsplit("FORGOTTEN ", 1)[-1].strip()
