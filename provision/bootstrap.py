@@ -158,12 +158,14 @@ def last_report(host: str, kind: str = "validate") -> dict[str, Any] | None:
 
 
 def last_logs(host: str) -> dict[str, str]:
-    """The step logs of the newest run here: ``logs/<host>/<run>/<step>.log``."""
+    """The step logs of the newest run here: ``logs/<host>/<run>/<step>.log``, but facts."""
     runs = sorted(p for p in (Path("logs") / host_dir(host)).glob("*") if p.is_dir())
     if not runs:
         return {}
+    # facts.log is raw probe data (a CPU host's "nvidia-smi: command not found" is no error):
+    # doctor reads the facts themselves, parsed
     return {f"log {p.relative_to('logs')}": _outputs(p.read_text(errors="replace"))[-20000:]
-            for p in sorted(runs[-1].glob("*.log"))}
+            for p in sorted(runs[-1].glob("*.log")) if p.name != "facts.log"}
 
 
 def _outputs(log: str) -> str:

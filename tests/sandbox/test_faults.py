@@ -172,7 +172,7 @@ def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: P
         assert "verdict: PASS" in third.stdout
         j = journal(info)
         assert {k: v["result"] for k, v in j.items()} == {
-            "conda": "ok", "env": "ok", "torch": "ok", "validate": "ok"}
+            "conda": "ok", "env": "ok", "torch": "ok", "validate": "ok", "verdict": "PASS"}
         assert json.loads(gpu_provision("-H", info.inventory, "facts", "--json",
                                         home=gp_home).stdout)["interrupted"] == []
     finally:
