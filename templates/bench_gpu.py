@@ -180,24 +180,13 @@ def run(cfg):
         cap = torch.cuda.get_device_capability(0)
         out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         out["memory_gb"] = round(props.total_memory / 1e9, 1)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        out["tflops"]["fp32"] = vg._tflops(torch, dev, torch.float32, 4096)
-        if cap[0] >= 8:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            out["tflops"]["tf32"] = vg._tflops(torch, dev, torch.float32, 8192)
-            torch.backends.cuda.matmul.allow_tf32 = False
-            out["tflops"]["bf16"] = vg._tflops(torch, dev, torch.bfloat16, 8192)
-        out["tflops"]["fp16"] = vg._tflops(torch, dev, torch.float16, 8192)
+        out["tflops"] = vg.matmul_tflops(torch, dev, cap[0])
         out["h2d_gbs"] = vg._h2d(torch, dev)
         steps, iters = 200, 20
     else:
         dev = torch.device("cpu")
         notes.append("no usable GPU: the torch figures are the CPU's")
-        a = torch.randn(1024, 1024)
-        t0 = time.perf_counter()
-        for _ in range(5):
-            a @ a
-        out["tflops"]["fp32"] = round(5 * 2 * 1024 ** 3 / (time.perf_counter() - t0) / 1e12, 3)
+        out["tflops"]["fp32"] = round(vg.cpu_gflops(torch) / 1000, 3)
         steps, iters = 20, 2
     out["train_samples_s"] = cnn(torch, dev, steps)
     out["infer_ms_b1"] = detector(torch, dev, 1, iters * 2)

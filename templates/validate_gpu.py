@@ -104,6 +104,29 @@ def _tflops(torch, device, dtype, n, seconds=0.6):
     return round(2 * n ** 3 * iters / (total / 1000) / 1e12, 1)
 
 
+def matmul_tflops(torch, device, major):
+    """TFLOPS per dtype the GPU has: fp32 on CUDA cores, tf32 and bf16 from sm_80, fp16."""
+    out = {}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    out["fp32"] = _tflops(torch, device, torch.float32, 4096)
+    if major >= 8:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        out["tf32"] = _tflops(torch, device, torch.float32, 8192)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        out["bf16"] = _tflops(torch, device, torch.bfloat16, 8192)
+    out["fp16"] = _tflops(torch, device, torch.float16, 8192)
+    return out
+
+
+def cpu_gflops(torch, n=1024, reps=5):
+    """fp32 GFLOPS of the CPU: ``reps`` n x n matmuls."""
+    a = torch.randn(n, n)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ a
+    return reps * 2 * n ** 3 / (time.perf_counter() - t0) / 1e9
+
+
 def _h2d(torch, device, mib=256):
     host = torch.empty(mib * 1048576, dtype=torch.uint8).pin_memory()
     dev = torch.empty_like(host, device=device)
@@ -129,11 +152,7 @@ def measure(cfg):
     ref = a @ a
     t["cpu_matmul_ok"] = bool(torch.allclose(ref, (a.double() @ a.double()).float(), rtol=1e-3,
                                              atol=1e-3))
-    t0 = time.perf_counter()
-    big = torch.randn(1024, 1024)
-    for _ in range(5):
-        big @ big
-    m["cpu_gflops"] = round(5 * 2 * 1024 ** 3 / (time.perf_counter() - t0) / 1e9, 1)
+    m["cpu_gflops"] = round(cpu_gflops(torch), 1)
     if torch.version.cuda is None or not cfg.get("expected_gpus"):
         return m
     try:  # the driver's user-space library: without it CUDA cannot start, whatever nvidia-smi says
@@ -160,14 +179,7 @@ def measure(cfg):
             dev = torch.device("cuda", i)
             g["matmul_ok"] = bool(torch.allclose(ref, (a.to(dev) @ a.to(dev)).cpu(), rtol=1e-2,
                                                  atol=1e-2))
-            torch.backends.cuda.matmul.allow_tf32 = False
-            g["tflops"]["fp32"] = _tflops(torch, dev, torch.float32, 4096)
-            if cap[0] >= 8:
-                torch.backends.cuda.matmul.allow_tf32 = True
-                g["tflops"]["tf32"] = _tflops(torch, dev, torch.float32, 8192)
-                torch.backends.cuda.matmul.allow_tf32 = False
-                g["tflops"]["bf16"] = _tflops(torch, dev, torch.bfloat16, 8192)
-            g["tflops"]["fp16"] = _tflops(torch, dev, torch.float16, 8192)
+            g["tflops"] = matmul_tflops(torch, dev, cap[0])
             g["h2d_gbs"] = _h2d(torch, dev)
         except Exception as exc:  # a GPU that errors is a finding, not a crash
             g["error"] = f"{type(exc).__name__}: {exc}"[:500]
@@ -273,7 +285,7 @@ def _judge_gpus(m, cfg, th, check):
         check(f"gpu {i} speed", "warn" if slow else "pass",
               (f"{', '.join(slow)} below {th['min_tflops_ratio']} of {name}'s datasheet peak: "
                f"throttled, power-capped or not the card it claims to be" if slow else
-               f"TFLOPS measured/peak within the expected range") + f" ({'; '.join(parts)}){clocks}")
+               "TFLOPS measured/peak within the expected range") + f" ({'; '.join(parts)}){clocks}")
         want = ref.get("h2d_gbs")
         if want and g.get("h2d_gbs") is not None:
             low = g["h2d_gbs"] < th["min_bandwidth_ratio"] * want
