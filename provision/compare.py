@@ -1,8 +1,9 @@
-"""Price per performance: saved bench reports joined with each host's price. Pure: the task
-reads the files and the inventories, this turns them into rows, sorted by value for money."""
+"""Price per performance: saved bench reports joined with each host's price in its inventory,
+turned into rows sorted by value for money."""
 
 from __future__ import annotations
 
+import glob
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ProvisionError
+from .inventory import resolve_target
+from .store import Store
 
 
 @dataclass(frozen=True)
@@ -86,3 +89,40 @@ def money(value: float | None, currency: str | None, digits: int = 3) -> str:
 
 def number(value: float | None, unit: str = "", digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}{unit}"
+
+
+def find_reports(store: Store, patterns: Iterable[str] = ()) -> list[tuple[str, dict[str, Any]]]:
+    """(path, report) of each bench report: the files or globs given (a pattern that matches
+    nothing stands for itself, and is reported), else the newest of each host in the store."""
+    pats = list(patterns)
+    if pats:
+        paths = sorted({Path(p) for pat in pats for p in (glob.glob(pat) or [pat])})
+    else:
+        paths = newest_per_host(store.reports("bench"))
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing or not paths:
+        where = ", ".join(missing or [str(store.reports_dir / "*" / "bench-*.json")])
+        raise ProvisionError(f"no bench report at {where}: run `gpu-provision -H <host> bench` "
+                             "first")
+    out = []
+    for p in paths:
+        try:
+            out.append((str(p), json.loads(p.read_text())))
+        except ValueError as exc:
+            raise ProvisionError(f"{p}: not a readable bench report ({exc})") from None
+    return out
+
+
+def price_of(report: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    """The price in the host's inventory now, else what the report recorded at bench time."""
+    for spec in (report.get("inventory"), report.get("host")):
+        if not spec:
+            continue
+        try:
+            target = resolve_target(str(spec))
+        except ProvisionError:
+            continue
+        if target.source is not None and "price_per_hour" in target.settings:
+            return float(target.settings["price_per_hour"]), target.settings.get("currency")
+    price = report.get("price_per_hour")
+    return (float(price) if price is not None else None), report.get("currency")

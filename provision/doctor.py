@@ -9,18 +9,21 @@ reading the shipped YAML.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from .compat import cc_text, first_build_with, parse_compute_cap
-from .errors import ConfigError
+from .errors import ConfigError, ProvisionError
 from .facts.host import HostFacts
-from .plan import Plan
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 KNOWLEDGE = Path(__file__).parent / "data" / "knowledge.yaml"
 LEVELS = ("error", "warning", "info")
@@ -273,3 +276,17 @@ def texts_for(facts: HostFacts | None, report: Mapping[str, Any] | None = None,
     texts.update(local_logs or {})
     texts.update(files or {})
     return texts
+
+
+def read_logs(names: Sequence[str]) -> dict[str, str]:
+    """``--log`` files by name (``-`` is standard input); an unreadable one is an error."""
+    files = {}
+    for name in names:
+        if name == "-":
+            files["stdin"] = sys.stdin.read()
+            continue
+        try:
+            files[name] = Path(name).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ProvisionError(f"--log {name}: cannot read it ({exc.strerror})") from None
+    return files

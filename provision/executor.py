@@ -1,9 +1,13 @@
-"""The one place that runs anything on a host: every remote execution goes through ``run``."""
+"""The one place that touches a host: every remote execution goes through ``run``, every file
+through ``put`` and ``get``."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import posixpath
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,10 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import paramiko
 from fabric import Connection
 
 from .command import Command, mask
-from .errors import RemoteError
+from .errors import RemoteError, SSHError
+
+LOST = "connection lost"
+NO_EXIT_STATUS = -1  # the channel closed without an exit status: the connection was lost
+CHUNK = 1 << 18  # bytes per SFTP read/write: large enough to keep a long link busy
+Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
 
 
 @dataclass(frozen=True)
@@ -28,18 +38,28 @@ class Result:
     seconds: float
 
 
-class _Lines:
-    """A write()-able stream that hands complete lines to a callback (or drops them)."""
+@dataclass(frozen=True)
+class Transferred:
+    """One file moved by ``put`` or ``get``."""
 
-    def __init__(self, emit: Callable[[str], None] | None):
+    path: str  # where it landed
+    size: int
+    sha256: str
+    resumed_from: int  # bytes that were already there from an earlier, cut transfer
+    seconds: float
+
+
+class _Lines:
+    """A write()-able stream that hands complete lines to a callback."""
+
+    def __init__(self, emit: Callable[[str], None]):
         self.emit, self.buf = emit, ""
 
     def write(self, chunk: str) -> int:
         self.buf += chunk
         *lines, self.buf = self.buf.split("\n")
         for line in lines:
-            if self.emit is not None:
-                self.emit(line)
+            self.emit(line)
         return len(chunk)
 
     def flush(self) -> None:
@@ -67,32 +87,52 @@ def _interruptible(conn: Connection) -> Iterator[list[bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 class Executor:
-    """Runs Commands over one open connection; counts executions and keeps a log per step."""
+    """Runs Commands and moves files over one open connection; counts remote executions and
+    keeps a log per step."""
 
     def __init__(self, conn: Connection, host: str, log_dir: Path | None = None,
                  secrets: tuple[str, ...] = ()):
         self.conn, self.host, self.log_dir, self.secrets = conn, host, log_dir, secrets
         self.executions = 0
 
+    def lost(self, what: str, exc: BaseException | None = None) -> SSHError:
+        """The connection dropped after it was up: one line, and what to do."""
+        why = f" ({type(exc).__name__}: {exc})" if exc is not None and str(exc) else ""
+        return SSHError(self.host, LOST, f"the connection dropped during {what}{why}; check "
+                        "the network (or whether the host rebooted) and run the task again")
+
     def run(self, command: Command, step: str, check: bool = True, timeout: int | None = None,
-            progress: Callable[[str], None] | None = None, stdin: str | None = None) -> Result:
+            on_out: Callable[[str], None] | None = None,
+            on_err: Callable[[str], None] | None = None, stdin: str | None = None) -> Result:
         """Run one command remotely (one SSH exec channel). Raises RemoteError when ``check``
-        and it exits non-zero. ``progress`` receives each output line (secrets masked) as it
-        arrives; ``stdin`` is sent to the command and never logged."""
+        and it exits non-zero, SSHError when the connection is lost. ``on_out``/``on_err``
+        receive each output line (secrets masked) as it arrives; the result still holds all of
+        it. ``stdin`` is sent to the command and never logged."""
         started = time.monotonic()
         self.executions += 1
         secrets = (*self.secrets, *command.secrets)
         streams: dict[str, Any] = {"hide": True}
-        if progress is not None:  # shown as it comes; still collected in the result
-            shown = progress
-            streams = {"hide": False, "out_stream": _Lines(lambda line: shown(mask(line, secrets))),
-                       "err_stream": _Lines(None)}
+        if on_out is not None or on_err is not None:
+            def shown(emit: Callable[[str], None] | None) -> _Lines:
+                return _Lines((lambda line: emit(mask(line, secrets))) if emit else (lambda _: None))
+            streams = {"hide": False, "out_stream": shown(on_out), "err_stream": shown(on_err)}
         with _interruptible(self.conn) as interrupted:
             try:
                 r = self.conn.run(command.render(), warn=True, timeout=timeout,
                                   in_stream=io.StringIO(stdin) if stdin is not None else False,
                                   **streams)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if not interrupted:
+                    raise self.lost(f"{step!r}", exc) from None
             except Exception:
                 if not interrupted:
                     raise
@@ -113,3 +153,119 @@ class Executor:
             f.write(f"$ {result.command[:2000]}\n# exit {result.exit_code} in "
                     f"{result.seconds:.2f}s\n{mask(result.stdout, secrets)}"
                     f"{mask(result.stderr, secrets)}\n")
+
+    # Files: SFTP over the same pinned connection. Each lands under a temporary name beside its
+    # target, is checked by sha256 and only then renamed into place, so a reader never sees half
+    # a file; a cut transfer resumes from the bytes already there.
+
+    def _sftp(self, what: str) -> paramiko.SFTPClient:
+        try:
+            return self.conn.sftp()  # type: ignore[no-any-return]
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise self.lost(what, exc) from None
+
+    def remote_path(self, path: str) -> str:
+        """``~`` and relative paths are the remote user's home, as in scp."""
+        if path == "~" or path.startswith("~/"):
+            path = path[2:]
+        if posixpath.isabs(path):
+            return path
+        home = self._sftp(f"a transfer to {path}").normalize(".")
+        return posixpath.join(home, path) if path else home
+
+    def remote_sha256(self, path: str, step: str = "transfer") -> str:
+        r = self.run(Command(("sha256sum", "--", path)), step=step, check=False)
+        if r.exit_code != 0 or not r.stdout.strip():
+            raise RemoteError(self.host, step, r.exit_code, r.stdout + r.stderr,
+                              fix="the host needs sha256sum (coreutils)")
+        return r.stdout.split()[0]
+
+    def put(self, local: Path, remote: str, progress: Progress | None = None,
+            step: str = "transfer") -> Transferred:
+        """Upload ``local`` to ``remote`` (a file path on the host): resumed, checked, atomic."""
+        started = time.monotonic()
+        target = self.remote_path(remote)
+        part = posixpath.join(posixpath.dirname(target), f".{posixpath.basename(target)}.part")
+        size, digest = local.stat().st_size, _sha256(local)
+        sftp = self._sftp(f"the upload of {local}")
+        try:
+            try:
+                have = sftp.stat(part).st_size or 0
+            except FileNotFoundError:
+                have = 0
+            resumed = have if 0 < have <= size else 0
+            for attempt in (resumed, 0):
+                self._send(sftp, local, part, attempt, size, progress)
+                got = self.remote_sha256(part, step)
+                if got == digest:
+                    break
+                if attempt == 0:
+                    raise RemoteError(self.host, step, 1, f"{target}: sha256 {got} after upload, "
+                                      f"{digest} here", fix="the disk on the host may be full "
+                                      "or failing; run it again")
+                resumed = 0  # the bytes that were there did not belong to this file
+            sftp.posix_rename(part, target)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            if isinstance(exc, (FileNotFoundError, PermissionError)):
+                raise RemoteError(self.host, step, 1, f"{target}: {exc}",
+                                  fix="check that the folder exists and is writable") from None
+            raise self.lost(f"the upload of {local}", exc) from None
+        return Transferred(target, size, digest, resumed, time.monotonic() - started)
+
+    def _send(self, sftp: paramiko.SFTPClient, local: Path, part: str, offset: int, size: int,
+              progress: Progress | None) -> None:
+        with local.open("rb") as src, sftp.open(part, "r+b" if offset else "wb") as dst:
+            dst.set_pipelined(True)
+            src.seek(offset)
+            dst.seek(offset)
+            done = offset
+            while chunk := src.read(CHUNK):
+                dst.write(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(done, size)
+
+    def get(self, remote: str, local: Path, progress: Progress | None = None,
+            step: str = "transfer") -> Transferred:
+        """Download ``remote`` to ``local``: resumed, checked, atomic (see ``put``)."""
+        started = time.monotonic()
+        source = self.remote_path(remote)
+        part = local.with_name(f".{local.name}.part")
+        sftp = self._sftp(f"the download of {source}")
+        try:
+            attrs = sftp.stat(source)
+            if attrs.st_mode is not None and stat.S_ISDIR(attrs.st_mode):
+                raise RemoteError(self.host, step, 1, f"{source} is a folder, not a file")
+            size = attrs.st_size or 0
+            digest = self.remote_sha256(source, step)
+            have = part.stat().st_size if part.exists() else 0
+            resumed = have if 0 < have <= size else 0
+            for attempt in (resumed, 0):
+                self._receive(sftp, source, part, attempt, size, progress)
+                if _sha256(part) == digest:
+                    break
+                if attempt == 0:
+                    raise RemoteError(self.host, step, 1, f"{source}: sha256 here differs from "
+                                      f"the host's {digest}", fix="the file may have changed "
+                                      "while it was read; run it again")
+                resumed = 0
+        except FileNotFoundError:
+            raise RemoteError(self.host, step, 1, f"{source}: no such file on the host") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise self.lost(f"the download of {source}", exc) from None
+        part.replace(local)
+        return Transferred(str(local), size, digest, resumed, time.monotonic() - started)
+
+    def _receive(self, sftp: paramiko.SFTPClient, source: str, part: Path, offset: int,
+                 size: int, progress: Progress | None) -> None:
+        part.parent.mkdir(parents=True, exist_ok=True)
+        with sftp.open(source, "rb") as src, part.open("r+b" if offset else "wb") as dst:
+            src.seek(offset)
+            dst.seek(offset)
+            src.prefetch(size)  # read-ahead from the offset to the end
+            done = offset
+            while chunk := src.read(CHUNK):
+                dst.write(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(done, size)

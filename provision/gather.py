@@ -6,20 +6,28 @@ import json
 
 from .command import bash_script
 from .errors import RemoteError
-from .executor import Executor
+from .executor import NO_EXIT_STATUS, Executor
 from .facts.host import HostFacts, parse_facts
 from .facts.nvidia import QUERY_FIELDS
 from .facts.platform import PlatformMarkers
-from .recipes import Platform
+from .inventory import Target
+from .recipes import Platform, all_platforms
 from .templating import render
 
-JOURNAL_DIR = ".gpu-provision"  # under the remote $HOME: steps/<step>.json, logs/, lock
+JOURNAL_DIR = ".gpu-provision"  # under the remote $HOME: steps/<step>.json, logs/, locks/
 CONDA_PREFIXES = ("/root/miniconda3", "/root/anaconda3", "/opt/conda", "/opt/miniconda3")
 
 
 def markers_of(platforms: tuple[Platform, ...]) -> tuple[PlatformMarkers, ...]:
     return tuple(PlatformMarkers(p.name, p.detect.files, p.detect.env, p.detect.hostname_prefix)
                  for p in platforms)
+
+
+def data_dirs(platforms: tuple[Platform, ...], target: Target | None = None) -> tuple[str, ...]:
+    """Every folder whose free disk the facts report: each platform's data dir (the platform is
+    not known before the facts) and the inventory's."""
+    own = target.settings.get("data_dir") if target is not None else None
+    return tuple(sorted({p.data_dir for p in platforms if p.data_dir} | ({own} if own else set())))
 
 
 def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (),
@@ -38,14 +46,17 @@ def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (
     )
 
 
-def gather(ex: Executor, platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (),
-           step_logs: bool = False) -> HostFacts:
+def gather(ex: Executor, target: Target | None = None, step_logs: bool = False) -> HostFacts:
     """ONE remote execution; the parse happens locally."""
-    result = ex.run(bash_script(facts_script(platforms, data_dirs, step_logs)), step="facts",
-                    check=False)
+    platforms = all_platforms()
+    result = ex.run(bash_script(facts_script(platforms, data_dirs(platforms, target), step_logs)),
+                    step="facts", check=False)
+    if result.exit_code == NO_EXIT_STATUS:
+        raise ex.lost("the facts")
     try:
         doc = json.loads(result.stdout)
     except ValueError:
         raise RemoteError(ex.host, "facts", result.exit_code, result.stdout + result.stderr,
-                          fix="the host needs bash and coreutils; see the output above") from None
+                          fix="the facts script printed no JSON: the host needs bash and "
+                              "coreutils; see the output above") from None
     return parse_facts(doc, markers_of(platforms))

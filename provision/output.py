@@ -1,11 +1,12 @@
-"""One rich console for everything the user reads; renderers take values, return nothing else."""
+"""One rich console for everything the user reads; renderers take values and the console to
+print to (``out``, the terminal by default; tests give one that writes to a buffer)."""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -16,6 +17,9 @@ from .doctor import Finding
 from .facts.host import HostFacts
 from .plan import Plan
 
+if TYPE_CHECKING:
+    from .bootstrap import Applied
+
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -25,7 +29,7 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def facts_table(host: str, f: HostFacts) -> None:
+def facts_table(host: str, f: HostFacts, out: Console = console) -> None:
     t = Table(title=f"facts: {host}", show_header=False, title_justify="left")
     t.add_column("fact", style="bold")
     t.add_column("value")
@@ -62,43 +66,44 @@ def facts_table(host: str, f: HostFacts) -> None:
     ]
     for k, v in rows:
         t.add_row(k, v)
-    console.print(t)
+    out.print(t)
     for w in f.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        out.print(f"[yellow]warning:[/] {w}")
 
 
-def plan_table(plan: Plan) -> None:
+def plan_table(plan: Plan, out: Console = console) -> None:
     t = Table(title=f"plan: {plan.host} (dry run: nothing was changed)", title_justify="left")
     t.add_column("step", style="bold")
     t.add_column("action")
     t.add_column("why")
     for d in plan.decisions:
         t.add_row(d.step, d.action if d.changes else "[dim]nothing to do[/]", d.reason)
-    console.print(t)
+    out.print(t)
     for r in plan.risks:
-        console.print(f"[yellow]risk:[/] {r}")
+        out.print(f"[yellow]risk:[/] {r}")
     if plan.blocked:
-        console.print(f"[red]blocked:[/] {plan.blocked}")
+        out.print(f"[red]blocked:[/] {plan.blocked}")
 
 
-def choice_text(choice: TorchChoice) -> None:
+def choice_text(choice: TorchChoice, out: Console = console) -> None:
     tv = f" torchvision {choice.torchvision}" if choice.torchvision else ""
     ta = f" torchaudio {choice.torchaudio}" if choice.torchaudio else " (no torchaudio)"
-    console.print(f"[bold]{choice.label}[/]{tv}{ta}")
-    console.print(f"index: {choice.index_url}")
+    out.print(f"[bold]{choice.label}[/]{tv}{ta}")
+    out.print(f"index: {choice.index_url}")
     for r in choice.reasons:
-        console.print(f"  - {r}")
+        out.print(f"  - {r}")
     for r in choice.risks:
-        console.print(f"  [yellow]risk:[/] {r}")
+        out.print(f"  [yellow]risk:[/] {r}")
     pkgs = [f"torch=={choice.torch}"]
     if choice.torchvision:
         pkgs.append(f"torchvision=={choice.torchvision}")
     if choice.torchaudio:
         pkgs.append(f"torchaudio=={choice.torchaudio}")
-    console.print(f"pip install {' '.join(pkgs)} --index-url {choice.index_url}")
+    out.print(f"pip install {' '.join(pkgs)} --index-url {choice.index_url}")
 
 
-def verdict_table(host: str, report: dict[str, Any], path: Any) -> None:
+def verdict_table(host: str, report: Mapping[str, Any], path: Any,
+                  out: Console = console) -> None:
     colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}[report["verdict"]]
     t = Table(title=f"validate: {host} ({report['mode']} mode, torch {report.get('torch')}, "
                     f"CUDA {report.get('cuda')})", title_justify="left")
@@ -107,36 +112,37 @@ def verdict_table(host: str, report: dict[str, Any], path: Any) -> None:
     t.add_column("reason")
     for c in report["checks"]:
         t.add_row(c["name"], c["status"].upper(), c["reason"])
-    console.print(t)
-    console.print(f"verdict: [bold {colour}]{report['verdict']}[/] (report: {path})")
+    out.print(t)
+    out.print(f"verdict: [bold {colour}]{report['verdict']}[/] (report: {path})")
 
 
-def steps_table(host: str, steps: list[tuple[str, str, float]], executions: int) -> None:
-    t = Table(title=f"bootstrap: {host} ({executions} remote executions)", title_justify="left")
+def steps_table(applied: Applied, out: Console = console) -> None:
+    t = Table(title=f"bootstrap: {applied.host} ({applied.executions} remote executions)",
+              title_justify="left")
     t.add_column("step", style="bold")
     t.add_column("result")
     t.add_column("seconds", justify="right")
-    for name, result, seconds in steps:
-        t.add_row(name, result, f"{seconds:.1f}")
-    console.print(t)
+    for s in applied.steps:
+        t.add_row(s.name, s.result, f"{s.seconds:.1f}")
+    out.print(t)
 
 
-def findings_table(host: str, findings: Sequence[Finding]) -> None:
+def findings_table(host: str, findings: Sequence[Finding], out: Console = console) -> None:
     """Blocks, not a table: fixes hold commands the user copies whole."""
     if not findings:
-        console.print(f"doctor: {host}: no known problem found")
+        out.print(f"doctor: {host}: no known problem found")
         return
     colour = {"error": "red", "warning": "yellow", "info": "cyan"}
     counts = ", ".join(f"{sum(f.level == lv for f in findings)} {lv}" for lv in colour
                        if any(f.level == lv for f in findings))
-    console.print(f"doctor: {host}: {counts}")
+    out.print(f"doctor: {host}: {counts}")
     for f in findings:
-        console.print(f"\n[bold {colour[f.level]}]{f.level}[/] {escape(f.diagnosis)}")
-        console.print(f"  [bold]fix:[/] {escape(f.fix)}")
-        console.print(f"  [dim]seen in {escape(f.evidence)}[/]")
+        out.print(f"\n[bold {colour[f.level]}]{f.level}[/] {escape(f.diagnosis)}")
+        out.print(f"  [bold]fix:[/] {escape(f.fix)}")
+        out.print(f"  [dim]seen in {escape(f.evidence)}[/]")
 
 
-def bench_table(host: str, r: dict[str, Any], path: Any) -> None:
+def bench_table(host: str, r: dict[str, Any], path: Any, out: Console = console) -> None:
     from .compare import number
     t = Table(title=f"bench: {host} ({r['mode']} mode, torch {r.get('torch')})",
               title_justify="left", show_header=False)
@@ -156,13 +162,13 @@ def bench_table(host: str, r: dict[str, Any], path: Any) -> None:
     for d in r.get("downloads") or []:
         t.add_row(f"download {d['kind']}", escape(number(d.get("mbs"), " MB/s") + f" {d['url']}"
                                                   + (f" ({d['error']})" if d.get("error") else "")))
-    console.print(t)
+    out.print(t)
     for n in r.get("notes") or []:
-        console.print(f"note: {escape(n)}")
-    console.print(f"report: {path}")
+        out.print(f"note: {escape(n)}")
+    out.print(f"report: {path}")
 
 
-def compare_table(rows: Sequence[Any], notes: Sequence[str]) -> None:
+def compare_table(rows: Sequence[Any], notes: Sequence[str], out: Console = console) -> None:
     from .compare import money, number
     t = Table(title="compare: value for money (cheapest first)", title_justify="left")
     for col in ("host", "platform", "GPU", "price/h", "TFLOPS", "samples/s", "per 1M samples",
@@ -173,6 +179,6 @@ def compare_table(rows: Sequence[Any], notes: Sequence[str]) -> None:
                   number(r.tflops) + (f" {r.tflops_dtype}" if r.tflops_dtype else ""),
                   number(r.samples_s), money(r.cost_per_m_samples, r.currency),
                   money(r.cost_per_tflop_hour, r.currency), number(r.download_mbs))
-    console.print(t)
+    out.print(t)
     for n in notes:
-        console.print(f"note: {escape(n)}")
+        out.print(f"note: {escape(n)}")

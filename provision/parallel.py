@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from fabric import Executor
@@ -15,8 +16,8 @@ from rich.table import Table
 from rich.text import Text
 
 from . import output
-from .errors import ProvisionError
-from .inventory import expand_hosts
+from .errors import ProvisionError, RemoteError
+from .inventory import expand_hosts, resolve_target
 
 MAX_PARALLEL = int(os.environ.get("GPU_PROVISION_PARALLEL", "8"))
 
@@ -48,51 +49,73 @@ class ParallelExecutor(Executor):  # type: ignore[misc]
             futures = [(call, ctx, pool.submit(_run, call, ctx)) for call, ctx in jobs]
             rows = [(ctx, f.result()) for _, ctx, f in futures]
         summary(rows, time.monotonic() - started)
-        failed = [r for _, r in rows if r["error"] is not None]
+        failed = [r for _, r in rows if r.error is not None]
         if failed:
-            raise Exit(code=max(int(r["code"]) for r in failed))
-        return {call.task: r["value"] for (call, _), (_, r) in zip(jobs, rows, strict=True)}
+            raise Exit(code=max(r.code for r in failed))
+        return {call.task: r.value for (call, _), (_, r) in zip(jobs, rows, strict=True)}
 
 
 def label(ctx: Any) -> str:
+    """The host as the user wrote it: the inventory's name, or user@host:port."""
+    spec = getattr(ctx, "original_host", None)
+    if spec:
+        try:
+            return resolve_target(spec, user=ctx.user, port=ctx.port, host=ctx.host).name
+        except ProvisionError:
+            return str(spec)
     return f"{getattr(ctx, 'user', '?')}@{getattr(ctx, 'host', '?')}:{getattr(ctx, 'port', '?')}"
 
 
-def _run(call: Any, ctx: Any) -> dict[str, Any]:
+@dataclass
+class HostResult:
+    value: Any
+    error: ProvisionError | str | None  # the error itself where the task raised one
+    code: int
+    seconds: float
+
+
+def _run(call: Any, ctx: Any) -> HostResult:
     started = time.monotonic()
     try:
         value = call.task(ctx, *call.args, **call.kwargs)
-        return {"value": value, "error": None, "code": 0, "seconds": time.monotonic() - started}
+        return HostResult(value, None, 0, time.monotonic() - started)
     except Exit as exc:
-        msg = str(exc.message or "") if exc.code else None
+        error: ProvisionError | str | None = getattr(exc, "error", None) or (
+            str(exc.message or "failed") if exc.code else None)
         if exc.code:
-            output.err_console.print(f"{label(ctx)}: {msg or 'failed'}")
-        return {"value": None, "error": msg or ("failed" if exc.code else None), "code": exc.code,
-                "seconds": time.monotonic() - started}
+            output.err_console.print(f"{label(ctx)}: {exc.message or 'failed'}", markup=False)
+        return HostResult(None, error, int(exc.code or 0), time.monotonic() - started)
     except Exception as exc:  # one host's failure never hides the others
-        output.err_console.print(f"{label(ctx)}: {type(exc).__name__}: {exc}")
-        return {"value": None, "error": f"{type(exc).__name__}: {exc}", "code": 1,
-                "seconds": time.monotonic() - started}
+        output.err_console.print(f"{label(ctx)}: {type(exc).__name__}: {exc}", markup=False)
+        return HostResult(None, f"{type(exc).__name__}: {exc}", 1, time.monotonic() - started)
 
 
-def failure_cell(error: str) -> str:
-    """The error's first line (host, step, exit code) and the last lines of the step's output."""
-    lines = [ln for ln in error.splitlines() if ln.strip()]
-    tail = [ln for ln in lines[1:] if not ln.startswith(("fix:", "last output:"))][-4:]
-    return "failed: " + "\n".join(ln[:160] for ln in [lines[0], *tail])
+def failure_cell(error: ProvisionError | str, host: str = "") -> str:
+    """What failed, without the host (its row names it): a failed step's name, exit code and
+    the last lines of its output; an SSH failure's kind and message; else the message."""
+    if isinstance(error, RemoteError):
+        lines = [f"step {error.step!r} failed with exit code {error.remote_exit}",
+                 *[ln for ln in error.output.strip().splitlines() if ln.strip()][-4:]]
+    else:
+        text = str(error)
+        for prefix in {host, getattr(error, "host", "")} - {""}:
+            text = text.removeprefix(f"{prefix}: ")
+        lines = [ln for ln in text.splitlines() if ln.strip()][:5]
+    return "failed: " + "\n".join(ln[:160] for ln in lines or ["failed"])
 
 
-def summary(rows: list[tuple[Any, dict[str, Any]]], wall: float) -> None:
+def summary(rows: list[tuple[Any, HostResult]], wall: float) -> None:
     t = Table(title=f"summary: {len(rows)} hosts in {wall:.1f}s", title_justify="left")
     t.add_column("host", style="bold")
     t.add_column("result", overflow="fold")
     t.add_column("steps (seconds)")
     t.add_column("seconds", justify="right")
     for ctx, r in rows:
-        value = r["value"] if isinstance(r["value"], dict) else {}
+        value = r.value if isinstance(r.value, dict) else {}
         steps = ", ".join(f"{n} {s:.1f}" for n, res, s in value.get("steps", []) if res != "skipped")
+        host = label(ctx)
         # Text, not markup: error output may hold [brackets]
-        result = Text(failure_cell(str(r["error"])), style="red") if r["error"] else \
+        result = Text(failure_cell(r.error, host), style="red") if r.error else \
             Text(f"ok{(' ' + value['verdict']) if value.get('verdict') else ''}")
-        t.add_row(Text(label(ctx)), result, steps or "-", f"{r['seconds']:.1f}")
+        t.add_row(Text(host), result, steps or "-", f"{r.seconds:.1f}")
     output.console.print(t)

@@ -6,13 +6,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import ops
 from .compat import TorchChoice, choose_torch, parse_compute_cap
-from .errors import NoWheelError
+from .errors import NoWheelError, ProvisionError
 from .facts.host import HostFacts, cc_from_name
 from .inventory import Settings
 from .ops import driver as driver_ops
 from .ops import validate as validate_ops
+from .ops.conda import conda_step
+from .ops.env import env_step
+from .ops.layout import Layout, layout
+from .ops.secrets import secrets_step
+from .ops.step import Step, nothing
+from .ops.torch import packages_step, torch_step
 from .recipes import Platform
 
 # Branches installed when the driver is missing or too old (compat.md §1.5).
@@ -26,12 +31,15 @@ ELREPO_EL7_BRANCH, ELREPO_EL7_VERSION = 550, "550.144.03"  # the last kmod-nvidi
 @dataclass(frozen=True)
 class Decision:
     step: str  # platform | driver | conda | env | torch | validate
-    action: str  # "none" when nothing is to be done
+    action: str | None  # None: nothing to do
     reason: str
 
     @property
     def changes(self) -> bool:
-        return self.action != "none"
+        return self.action is not None
+
+    def as_json(self) -> dict[str, str]:
+        return {"step": self.step, "action": self.action or "none", "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -42,17 +50,22 @@ class Plan:
     torch: TorchChoice | None
     risks: tuple[str, ...] = ()
     blocked: str | None = None  # a reason nothing can proceed (no wheel fits)
-    steps: tuple[ops.Step, ...] = ()  # what bootstrap applies, in order
-    layout: ops.Layout | None = None
+    steps: tuple[Step, ...] = ()  # what bootstrap applies, in order
+    layout: Layout | None = None
     facts: HostFacts | None = None
-    driver_branch: tuple[int, bool] | None = None  # (branch, open modules) when installing
+
+    def require_env(self, what: str) -> None:
+        """Tasks that run in the env (validate, bench) need bootstrap to have made it."""
+        if self.layout is None or self.facts is None or \
+                not any(e.prefix == self.layout.env_prefix for e in self.facts.envs):
+            raise ProvisionError(f"{self.host}: no env to {what} yet: run bootstrap first")
 
     def as_json(self) -> dict[str, Any]:
         return {
             "host": self.host,
             "changes": [s.name for s in self.steps if s.changes and s.name != "validate"],
             "settings": asdict(self.settings),
-            "decisions": [asdict(d) for d in self.decisions],
+            "decisions": [d.as_json() for d in self.decisions],
             "torch": self.torch.as_json() if self.torch else None,
             "risks": list(self.risks),
             "blocked": self.blocked,
@@ -78,7 +91,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
               revalidate: bool = False) -> Plan:
     decisions: list[Decision] = []
     detected = facts.platform or "none detected"
-    decisions.append(Decision("platform", "none",
+    decisions.append(Decision("platform", None,
                               f"{platform.name} ({platform.kind}; detected: {detected}, "
                               f"{facts.platform_evidence}; host is a {facts.virtualization.kind}"
                               f" - {facts.virtualization.evidence})"))
@@ -100,11 +113,11 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
 
     # Driver
     if not facts.has_nvidia_gpu:
-        decisions.append(Decision("driver", "none", "no NVIDIA GPU on the PCI bus: CPU-only host"))
+        decisions.append(Decision("driver", None, "no NVIDIA GPU on the PCI bus: CPU-only host"))
     elif facts.nvidia_state == "ok" and facts.driver:
         try:
             torch = pick(facts.driver, facts.driver_cuda)
-            decisions.append(Decision("driver", "none",
+            decisions.append(Decision("driver", None,
                                       f"driver {facts.driver} loaded (CUDA <= {facts.driver_cuda}, "
                                       f"{facts.driver_cuda_source}); enough for {torch.label}"))
         except NoWheelError as exc:
@@ -116,13 +129,13 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                                           f"driver {facts.driver} is too old: {exc}; {why}"))
             else:
                 blocked = str(exc)
-                decisions.append(Decision("driver", "none", f"{platform.name} owns the driver "
+                decisions.append(Decision("driver", None, f"{platform.name} owns the driver "
                                           f"(never touched on a {platform.kind}); {exc}"))
     elif facts.nvidia_state in ("gpu_lost", "unknown_error"):
         blocked = f"the GPU is not usable: {facts.nvidia_detail}"
-        decisions.append(Decision("driver", "none", blocked))
+        decisions.append(Decision("driver", None, blocked))
     elif not touchable:
-        decisions.append(Decision("driver", "none",
+        decisions.append(Decision("driver", None,
                                   f"{facts.nvidia_detail}; {platform.name} is a {platform.kind} whose "
                                   "driver belongs to the platform: never touched. Ask the "
                                   "provider, or rent another instance"))
@@ -156,30 +169,30 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         except NoWheelError as exc:
             blocked = str(exc)
 
-    lay = ops.layout(facts, settings, platform)
-    steps: list[ops.Step] = []
+    lay = layout(facts, settings, platform)
+    steps: list[Step] = []
     driver_decision = next(d for d in decisions if d.step == "driver")
     if install is not None and blocked is None:
+        assert driver_decision.action is not None
         try:
             steps.append(driver_ops.install_step(facts, install[0], install[1],
                                                  driver_decision.action, driver_decision.reason))
         except ValueError as exc:
             blocked = f"{exc}: install the NVIDIA driver by hand, then run bootstrap again"
     elif driver_decision.action == "reboot":
-        steps.append(ops.Step("driver", "reboot", driver_decision.reason,
-                              "echo 'NEEDS_REBOOT (NVML does not match the loaded module)'",
-                              ops.inputs_hash(boot=facts.boot_id)))
+        steps.append(driver_ops.reboot_step(facts, driver_decision.reason))
     if secrets:
-        steps.append(ops.secrets_step(facts, secrets, secrets_digest))
-    steps += [ops.conda_step(facts, settings, lay), ops.env_step(facts, settings, lay)]
+        steps.append(secrets_step(facts, secrets, secrets_digest))
+    steps += [conda_step(facts, settings, lay), env_step(facts, settings, lay)]
     if torch is not None:
-        steps += [ops.torch_step(facts, settings, lay, torch), ops.packages_step(facts, settings, lay)]
+        steps += [torch_step(facts, settings, lay, torch), packages_step(facts, settings, lay)]
     elif blocked:
-        steps.append(ops.Step("torch", "none", f"blocked: {blocked}"))
+        steps.append(nothing("torch", f"blocked: {blocked}"))
     # validation runs after any change, or when asked; otherwise it may be skipped (see ops)
     steps.append(validate_ops.validate_step(facts, lay, settings, torch,
-                                   always=revalidate or any(s.changes for s in steps)))
-    decisions += [Decision(s.name, s.action, s.reason) for s in steps if s.name != "driver"]
+                                            always=revalidate or any(s.changes for s in steps)))
+    decisions += [Decision(s.name, s.label if s.changes else None, s.reason)
+                  for s in steps if s.name != "driver"]
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
                 risks=torch.risks if torch else (), blocked=blocked, steps=tuple(steps),
-                layout=lay, facts=facts, driver_branch=install)
+                layout=lay, facts=facts)

@@ -15,6 +15,7 @@ import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -142,3 +143,29 @@ def refreshed_yaml(raw: dict[str, Any], data: CompatData,
             notes.append(f"{ver}+{variant}: variant added (arch list {arch})")
     out["releases"] = dict(sorted(releases.items(), key=lambda kv: Version(kv[0]), reverse=True))
     return out, notes
+
+
+def refresh(index: str | None) -> tuple[IndexDiff, dict[str, Any], list[str], str]:
+    """Scan ``index`` (default pytorch.org) for every known variant: (the diff against the
+    shipped data, the refreshed raw data, notes for the reviewer, the index read)."""
+    import yaml
+
+    from .compat import compat_text, load_compat
+
+    data = load_compat()
+    base = index or data.default_index
+    variants = sorted(data.variant_cuda) + ["cpu"]
+    found = scan_index(base, variants)
+    new, notes = refreshed_yaml(yaml.safe_load(compat_text()[0]), data, found)
+    return diff_index(data, found, variants), new, notes, base
+
+
+def write_refreshed(path: Path, raw: dict[str, Any], notes: list[str], index: str) -> None:
+    """The refreshed data as YAML for review, written whole or not at all."""
+    import yaml
+
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"# refreshed from {index}; review, then replace provision/data/compat.yaml\n"
+                   + "".join(f"# {n}\n" for n in notes)
+                   + yaml.safe_dump(raw, sort_keys=False, width=100))
+    tmp.replace(path)

@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import functools
-import glob
-import json
-import os
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,38 +13,31 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 from . import chart, output
-from . import validators as v
 from .authorize import authorize_key
-from .bootstrap import (
-    Outcome,
-    apply,
-    host_dir,
-    last_logs,
-    last_report,
-    parse_marked,
-    run_step,
-    save_report,
-)
-from .command import bash_script
-from .compare import newest_per_host, rows
-from .compat import choose_torch, compat_text, load_compat
+from .bootstrap import Applied, run_step
+from .compare import find_reports, price_of, rows
+from .compat import choose_torch
 from .connection import connect, forget_pin, known_hosts_path
-from .doctor import diagnose, texts_for
+from .doctor import diagnose, read_logs, texts_for
 from .errors import ProvisionError
-from .executor import Executor
-from .facts.host import HostFacts
-from .gather import gather
-from .inventory import Target, resolve_target, settings_for
-from .ops import forget_secrets_body
+from .inventory import Target, resolve_target
 from .ops import validate as validate_ops
-from .plan import Plan, make_plan
-from .recipes import all_platforms, load_platform
-from .refresh import diff_index, refreshed_yaml, scan_index
-from .secrets import digest, push_values
-from .verify import SUITE
+from .ops.secrets import forget_secrets_step
+from .options import Overrides
+from .refresh import refresh, write_refreshed
+from .session import Session, session
+from .store import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
-_PYTEST = threading.Lock()
+ONE_HOST = "this task needs a host: -H <inventory name | user@host:port>"
+
+
+class Failed(Exit):
+    """A task's failure, carrying the error itself to the multi-host summary."""
+
+    def __init__(self, error: ProvisionError):
+        super().__init__(f"error: {error}", code=error.exit_code)
+        self.error = error
 
 
 def reports_errors(fn: F) -> F:
@@ -60,7 +47,7 @@ def reports_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except ProvisionError as exc:
-            raise Exit(f"error: {exc}", code=exc.exit_code) from None
+            raise Failed(exc) from None
         except KeyboardInterrupt:  # between steps: nothing runs on the host for us
             raise Exit("interrupted: no step was running; run the task again", code=130) from None
     return wrapper  # type: ignore[return-value]
@@ -68,7 +55,7 @@ def reports_errors(fn: F) -> F:
 
 def target_of(c: Context) -> Target:
     if not isinstance(c, Connection):
-        raise ProvisionError("this task needs a host: -H <inventory name | user@host:port>")
+        raise ProvisionError(ONE_HOST)
     # Fabric has already split user@host:port and applied ~/.ssh/config (HostName, User, Port)
     target = resolve_target(c.original_host, user=c.user, port=c.port, host=c.host)
     keys = c.connect_kwargs.get("key_filename")  # -i on the command line beats the inventory
@@ -81,27 +68,20 @@ def _notify(msg: str) -> None:
     output.err_console.print(f"[cyan]{msg}[/]")
 
 
-def open_executor(target: Target, log_dir: Path) -> Executor:
-    return Executor(connect(target, notify=_notify), target.name, log_dir=log_dir)
+def _session(c: Context) -> Any:
+    return session(target_of(c), Store(), _notify)
 
 
-@contextmanager
-def session(c: Context) -> Iterator[tuple[Target, Executor]]:
-    target = target_of(c)
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    ex = open_executor(target, Path("logs") / host_dir(target.name) / run_id)
-    ex.secrets = tuple(push_values(target, required=False).values())  # masked in all output
-    try:
-        yield target, ex
-    finally:
-        ex.conn.close()
+def _show_applied(applied: Applied) -> None:
+    output.steps_table(applied)
+    if applied.report is not None:
+        output.verdict_table(applied.host, applied.report, applied.report_path)
 
 
-def _facts(target: Target, ex: Executor, step_logs: bool = False) -> HostFacts:
-    data_dir = target.settings.get("data_dir")
-    platforms = all_platforms()
-    dirs = {p.data_dir for p in platforms if p.data_dir} | ({data_dir} if data_dir else set())
-    return gather(ex, platforms, tuple(sorted(dirs)), step_logs=step_logs)
+PLAN_HELP = {"json": "print the plan as JSON", "python": "env Python, e.g. 3.11",
+             "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'", "recipe": "recipe name",
+             "platform": "platform profile name", "cuda_compat": "strict (default) or minor",
+             "env_name": "conda env name"}
 
 
 @task(help={"json": "print the facts as one JSON object"})
@@ -111,18 +91,15 @@ def facts(c: Context, json_: bool = False) -> None:
 
     Example: gpu-provision -H root@203.0.113.10:22 facts --json
     """
-    with session(c) as (target, ex):
-        f = _facts(target, ex)
+    with _session(c) as s:
+        f = s.facts()
     if json_:
         output.print_json(f.as_json())
     else:
-        output.facts_table(target.name, f)
+        output.facts_table(s.target.name, f)
 
 
-@task(help={"json": "print the plan as JSON", "python": "env Python, e.g. 3.11",
-            "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'", "recipe": "recipe name",
-            "platform": "platform profile name", "cuda_compat": "strict (default) or minor",
-            "env_name": "conda env name"})
+@task(help=PLAN_HELP)
 @reports_errors
 def plan(c: Context, json_: bool = False, python: str | None = None, torch: str | None = None,
          recipe: str | None = None, platform: str | None = None, cuda_compat: str | None = None,
@@ -131,38 +108,16 @@ def plan(c: Context, json_: bool = False, python: str | None = None, torch: str 
 
     Example: gpu-provision -H my-4090 plan --torch 2.5
     """
-    cli = _cli_settings(python, torch, recipe, platform, cuda_compat, env_name)
-    with session(c) as (target, ex):
-        p = _plan_for(c, ex, target, cli, push=True)
+    o = Overrides(python, torch, recipe, platform, cuda_compat, env_name)
+    with _session(c) as s:
+        p = s.plan(o, push=True)
     if json_:
         output.print_json(p.as_json())
     else:
         output.plan_table(p)
 
 
-def _plan_for(c: Context, ex: Executor, target: Target, cli: dict[str, Any],
-              push: bool = False, revalidate: bool = False) -> Plan:
-    """Facts (one remote execution), settings by precedence, the plan. ``push``: with the
-    inventory's push_env tokens (each must be set in this shell); ``revalidate``: validation
-    runs even when nothing it checks has changed."""
-    f = _facts(target, ex)
-    settings = settings_for(target, f.platform, cli)
-    values = push_values(target) if push else {}
-    return make_plan(target.name, f, settings, load_platform(settings.platform), values,
-                     digest(values) if values else "", revalidate=revalidate)
-
-
-def _apply(c: Context, target: Target, ex: Executor, p: Plan, cli: dict[str, Any],
-           only: set[str] | None = None) -> Outcome:
-    """Apply ``p``; a reboot reconnects to the same target and re-plans from fresh facts."""
-    return apply(ex, p, only=only,
-                 reconnect=lambda: open_executor(target, ex.log_dir or Path("logs")),
-                 replan=lambda new: _plan_for(c, new, target, cli, push=only is None))
-
-
-@task(help={"python": "env Python, e.g. 3.11", "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'",
-            "recipe": "recipe name", "platform": "platform profile name",
-            "cuda_compat": "strict (default) or minor", "env_name": "conda env name"})
+@task(help={k: v for k, v in PLAN_HELP.items() if k != "json"})
 @reports_errors
 def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
               recipe: str | None = None, platform: str | None = None,
@@ -173,18 +128,17 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
     validation runs again once anything it checks has changed (or after 6 hours).
     Example: gpu-provision -H my-4090 bootstrap
     """
-    cli = _cli_settings(python, torch, recipe, platform, cuda_compat, env_name)
-    with session(c) as (target, ex):
-        p = _plan_for(c, ex, target, cli, push=True)
+    o = Overrides(python, torch, recipe, platform, cuda_compat, env_name)
+    with _session(c) as s:
+        p = s.plan(o, push=True)
         for r in p.risks:
             output.console.print(f"[yellow]risk:[/] {r}")
-        outcome = _apply(c, target, ex, p, cli)
-    output.steps_table(target.name, outcome.steps, outcome.executions)
-    if outcome.report is not None:
-        output.verdict_table(target.name, outcome.report, outcome.report_path)
-        if outcome.verdict == "FAIL":
-            raise Exit(f"validation verdict FAIL (report {outcome.report_path})", code=1)
-    return {"steps": outcome.steps, "verdict": outcome.verdict}
+        applied = s.apply(p, o)
+    _show_applied(applied)
+    if applied.verdict == "FAIL":
+        raise Exit(f"validation verdict FAIL (report {applied.report_path})", code=1)
+    return {"steps": [(x.name, x.result, x.seconds) for x in applied.steps],
+            "verdict": applied.verdict}
 
 
 @task(help={"recipe": "recipe name", "platform": "platform profile name"})
@@ -194,14 +148,13 @@ def validate(c: Context, recipe: str | None = None, platform: str | None = None)
 
     Example: gpu-provision -H my-4090 validate
     """
-    with session(c) as (target, ex):
-        p = _plan_for(c, ex, target, _cli_settings(None, None, recipe, platform, None, None),
-                      revalidate=True)
-        _require_env(p, "validate")
-        outcome = apply(ex, p, only={"validate"})
-    assert outcome.report is not None
-    output.verdict_table(target.name, outcome.report, outcome.report_path)
-    if outcome.verdict == "FAIL":
+    with _session(c) as s:
+        p = s.plan(Overrides(recipe=recipe, platform=platform), revalidate=True)
+        p.require_env("validate")
+        applied = s.apply(p, only={"validate"})
+    assert applied.report is not None
+    output.verdict_table(applied.host, applied.report, applied.report_path)
+    if applied.verdict == "FAIL":
         raise Exit(code=1)
 
 
@@ -214,24 +167,13 @@ def verify(c: Context, junit: str | None = None) -> None:
     bootstrap recorded: driver, GPUs, conda, env, torch and its CUDA, mirrors, held driver
     packages, no stale lock. Example: gpu-provision -H my-4090 verify
     """
-    import pytest
+    from .verify.runner import run_suite
 
     target = target_of(c)
-    path = Path(junit) if junit else \
-        Path("reports") / host_dir(target.name) / f"verify-{time.strftime('%Y%m%d-%H%M%S')}.xml"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(junit) if junit else Store().report_path(target.name, "verify", ext="xml")
     conn = connect(target, notify=_notify)
-
-    class HandOver:  # gives the suite our open, pinned connection
-        def pytest_configure(self, config: Any) -> None:
-            config.gpu_provision_client = conn.client
-
     try:
-        with _PYTEST:  # pytest.main is not thread-safe: hosts of a -H list take turns
-            code = pytest.main([str(SUITE), f"--hosts=paramiko://{target.user}@{target.host}:"
-                                f"{target.port}", "-c", os.devnull, "--rootdir", str(SUITE),
-                                "-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={path}"],
-                               plugins=[HandOver()])
+        code = run_suite(conn, target, path)
     finally:
         conn.close()
     output.console.print(f"verify: {target.name}: {'all checks passed' if code == 0 else 'FAILED'}"
@@ -240,8 +182,8 @@ def verify(c: Context, junit: str | None = None) -> None:
         raise Exit(code=1)
 
 
-@task(iterable=["log"], help={"log": "a file holding an error text to diagnose (repeatable); "
-                                     "without -H only these are read",
+@task(iterable=["log"], help={"log": "a file holding an error text to diagnose (repeatable; - "
+                                     "reads standard input); without -H only these are read",
                               "json": "print the findings as JSON"})
 @reports_errors
 def doctor(c: Context, log: list[str] | None = None, json_: bool = False) -> None:
@@ -251,19 +193,14 @@ def doctor(c: Context, log: list[str] | None = None, json_: bool = False) -> Non
     last validation report and run logs here, and any --log file. Exit 1 when an error is found.
     Example: gpu-provision -H my-4090 doctor;  gpu-provision doctor --log traceback.txt
     """
-    files = {}
-    for name in log or []:
-        try:
-            files[name] = Path(name).read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise ProvisionError(f"--log {name}: cannot read it ({exc.strerror})") from None
+    files = read_logs(log or [])
     if isinstance(c, Connection):
         host = target_of(c).name
-        report, logs = last_report(host), last_logs(host)  # before this run adds its own
-        with session(c) as (target, ex):
-            f = _facts(target, ex, step_logs=True)
-            settings = settings_for(target, f.platform, {})
-            p = make_plan(target.name, f, settings, load_platform(settings.platform))
+        store = Store()
+        report, logs = store.last_report(host), store.last_logs(host)  # before this run's own
+        with _session(c) as s:
+            f = s.facts(step_logs=True)
+            p = s.plan(facts=f)
         findings = diagnose(texts_for(f, report, logs, files), f, p, host=host)
     elif files:
         host = "<host>"
@@ -279,12 +216,6 @@ def doctor(c: Context, log: list[str] | None = None, json_: bool = False) -> Non
         raise Exit(code=1)
 
 
-def _require_env(p: Plan, what: str) -> None:
-    if p.layout is None or p.facts is None or \
-            not any(e.prefix == p.layout.env_prefix for e in p.facts.envs):
-        raise ProvisionError(f"{p.host}: no env to {what} yet: run bootstrap first")
-
-
 @task(help={"download_mb": "MiB downloaded from each mirror (default 50)",
             "json": "print the report as JSON"})
 @reports_errors
@@ -296,23 +227,20 @@ def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
     dir, CPU cores and a single-core score, download speed from each mirror. A host without a
     GPU runs it on the CPU, labelled so. Example: gpu-provision -H my-4090 bench
     """
-    with session(c) as (target, ex):
-        p = _plan_for(c, ex, target, {})
-        _require_env(p, "benchmark")
+    with _session(c) as s:
+        p = s.plan()
+        p.require_env("benchmark")
         assert p.facts is not None and p.layout is not None
         step = validate_ops.bench_step(p.facts, p.layout, p.settings, p.torch, download_mb)
-        output.console.print(f"{target.name}: bench: {step.reason} ...")
-        result = run_step(ex, step, time.strftime("%Y%m%d-%H%M%S"))
-    report = parse_marked(result.stdout, "BENCH_JSON", "bench_gpu.py")
-    s = p.settings
-    report.update(host=target.name, inventory=str(target.source) if target.source else None,
-                  platform=s.platform, advertised=s.gpu, price_per_hour=s.price_per_hour,
-                  currency=s.currency, at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    path = save_report(target.name, report, kind="bench")
+        output.console.print(f"{s.target.name}: bench: {step.reason} ...")
+        outcome = run_step(s.ex, step, s.run, output.console, again="bench")
+    assert outcome.report is not None
+    report = validate_ops.bench_report(outcome.report, s.target, p.settings)
+    path = s.store.save_report(s.target.name, report, kind="bench", run=s.run)
     if json_:
         output.print_json(report)
     else:
-        output.bench_table(target.name, report, path)
+        output.bench_table(s.target.name, report, path)
 
 
 @task(iterable=["report"], help={
@@ -321,75 +249,37 @@ def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
     "html": "where to write the page (default reports/compare.html; its PNG goes beside it)",
     "json": "print the rows as JSON"})
 @reports_errors
-def compare(c: Context, report: list[str] | None = None, html: str = "reports/compare.html",
+def compare(c: Context, report: list[str] | None = None, html: str | None = None,
             json_: bool = False) -> None:
     """Local: join saved bench reports with each host's price_per_hour and currency from its
     inventory; print a table sorted by value for money and write an HTML page with a chart.
 
     Example: gpu-provision compare --report 'reports/*/bench-*.json'
     """
-
-    if report:  # as given (a pattern that matches nothing stands for itself, and is reported)
-        paths = sorted({Path(p) for pat in report for p in (glob.glob(pat) or [pat])})
-    else:
-        paths = newest_per_host(Path(p) for p in glob.glob("reports/*/bench-*.json"))
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing or not paths:
-        raise ProvisionError(f"no bench report at {', '.join(missing or ['reports/*/bench-*.json'])}"
-                             ": run `gpu-provision -H <host> bench` first")
-    loaded = [(str(p), json.loads(p.read_text())) for p in paths]
-    table = rows(loaded, _price_of)
+    store = Store()
+    loaded = find_reports(store, report or [])
+    table = rows(loaded, price_of)
     notes = sorted({r["published"] for _, r in loaded if r.get("published")})
-    png = chart.write(table, Path(html), notes)
+    page = Path(html) if html else store.reports_dir / "compare.html"
+    png = chart.write(table, page, notes)
     if json_:
         output.print_json([r.as_json() for r in table])
     else:
         output.compare_table(table, notes)
-        output.console.print(f"wrote {html} and {png}")
+        output.console.print(f"wrote {page} and {png}")
 
 
-def _price_of(report: Mapping[str, Any]) -> tuple[float | None, str | None]:
-    """The price in the host's inventory now, else what the report recorded at bench time."""
-    for spec in (report.get("inventory"), report.get("host")):
-        if not spec:
-            continue
-        try:
-            target = resolve_target(str(spec))
-        except ProvisionError:
-            continue
-        if target.source is not None and "price_per_hour" in target.settings:
-            return float(target.settings["price_per_hour"]), target.settings.get("currency")
-    price = report.get("price_per_hour")
-    return (float(price) if price is not None else None), report.get("currency")
-
-
-def _cli_settings(python: str | None, torch: str | None, recipe: str | None,
-                  platform: str | None, cuda_compat: str | None,
-                  env_name: str | None) -> dict[str, Any]:
-    """Command-line values, checked like the YAML ones (the error names the option)."""
-    cli = {"python": python, "torch": torch, "recipe": recipe, "platform": platform,
-           "cuda_compat": cuda_compat, "env_name": env_name}
-    for key, check in (("python", v.python_version), ("torch", v.torch_spec),
-                       ("env_name", v.name), ("recipe", v.name), ("platform", v.name),
-                       ("cuda_compat", v.one_of("strict", "minor"))):
-        value = cli[key]
-        problem = check(value) if value is not None else None
-        if problem:
-            raise ProvisionError(f"--{key.replace('_', '-')}: {problem}")
-    return cli
-
-
-def _apply_only(c: Context, names: set[str], cli: dict[str, Any]) -> None:
-    with session(c) as (target, ex):
-        outcome = _apply(c, target, ex, _plan_for(c, ex, target, cli), cli, only=names)
-    output.steps_table(target.name, outcome.steps, outcome.executions)
+def _apply_only(c: Context, names: set[str], o: Overrides) -> None:
+    with _session(c) as s:
+        applied = s.apply(s.plan(o), o, only=names)
+    output.steps_table(applied)
 
 
 @task(name="conda")
 @reports_errors
 def conda_task(c: Context, recipe: str | None = None, platform: str | None = None) -> None:
     """Install Miniconda from the mirror (sha256 checked) with .condarc and pip.conf, if missing."""
-    _apply_only(c, {"conda"}, _cli_settings(None, None, recipe, platform, None, None))
+    _apply_only(c, {"conda"}, Overrides(recipe=recipe, platform=platform))
 
 
 @task(name="env", help={"python": "env Python, e.g. 3.11", "env_name": "conda env name"})
@@ -397,7 +287,8 @@ def conda_task(c: Context, recipe: str | None = None, platform: str | None = Non
 def env_task(c: Context, python: str | None = None, env_name: str | None = None,
              recipe: str | None = None, platform: str | None = None) -> None:
     """Create the conda env (or adopt the platform's), if missing."""
-    _apply_only(c, {"env"}, _cli_settings(python, None, recipe, platform, None, env_name))
+    _apply_only(c, {"env"}, Overrides(python=python, env_name=env_name, recipe=recipe,
+                                      platform=platform))
 
 
 @task(name="torch", help={"torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'",
@@ -406,8 +297,8 @@ def env_task(c: Context, python: str | None = None, env_name: str | None = None,
 def torch_task(c: Context, torch: str | None = None, cuda_compat: str | None = None,
                recipe: str | None = None, platform: str | None = None) -> None:
     """Install the chosen torch build (and the recipe's packages) into the env, if needed."""
-    _apply_only(c, {"torch", "packages"},
-                _cli_settings(None, torch, recipe, platform, cuda_compat, None))
+    _apply_only(c, {"torch", "packages"}, Overrides(torch=torch, cuda_compat=cuda_compat,
+                                                    recipe=recipe, platform=platform))
 
 
 @task(name="driver")
@@ -420,16 +311,16 @@ def driver_task(c: Context) -> None:
 
     Example: gpu-provision -H my-vm driver
     """
-    with session(c) as (target, ex):
-        p = _plan_for(c, ex, target, {})
-        decision = next(d for d in p.decisions if d.step == "driver")
-        if not any(s.name == "driver" for s in p.steps):
-            output.console.print(f"{target.name}: driver: nothing to do - {decision.reason}")
+    with _session(c) as s:
+        p = s.plan()
+        if not any(x.name == "driver" for x in p.steps):
+            decision = next(d for d in p.decisions if d.step == "driver")
+            output.console.print(f"{s.target.name}: driver: nothing to do - {decision.reason}")
             if p.blocked:
-                raise ProvisionError(f"{target.name}: {p.blocked}")
+                raise ProvisionError(f"{s.target.name}: {p.blocked}")
             return
-        outcome = _apply(c, target, ex, p, {}, only={"driver"})
-    output.steps_table(target.name, outcome.steps, outcome.executions)
+        applied = s.apply(p, only={"driver", "driver-hold"})
+    output.steps_table(applied)
 
 
 @task(help={"driver": "NVIDIA driver version, e.g. 550.54.14 (omit: no GPU)",
@@ -472,19 +363,9 @@ def refresh_compat(c: Context, index: str | None = None, json_: bool = False,
 
     Example: gpu-provision refresh-compat --write compat-new.yaml
     """
-    data = load_compat()
-    variants = sorted(data.variant_cuda) + ["cpu"]
-    found = scan_index(index or data.default_index, variants)
-    diff = diff_index(data, found, variants)
+    diff, new, notes, base = refresh(index)
     if write:
-        import yaml
-        raw = yaml.safe_load(compat_text()[0])
-        new, notes = refreshed_yaml(raw, data, found)
-        tmp = Path(write).with_suffix(".tmp")
-        tmp.write_text("# refreshed from " + (index or data.default_index) + "; review, then "
-                       "replace provision/data/compat.yaml\n" + "".join(f"# {n}\n" for n in notes)
-                       + yaml.safe_dump(new, sort_keys=False, width=100))
-        tmp.replace(write)
+        write_refreshed(Path(write), new, notes, base)
         output.err_console.print(f"wrote {write} ({len(notes)} change(s))")
     if json_:
         output.print_json({"added": diff.added, "removed": diff.removed,
@@ -503,8 +384,7 @@ def repin(c: Context) -> None:
 
     Example: gpu-provision -H root@203.0.113.10:2222 repin
     """
-    target = target_of(c)
-    connect(target, notify=_notify, replace_key=True).close()
+    connect(target_of(c), notify=_notify, replace_key=True).close()
 
 
 @task(name="forget-secrets", aliases=["forget"])
@@ -514,11 +394,11 @@ def forget_secrets(c: Context) -> None:
 
     Example: gpu-provision -H my-4090 forget-secrets
     """
-    with session(c) as (target, ex):
-        r = ex.run(bash_script(forget_secrets_body()), step="forget-secrets")
-    names = r.stdout.rsplit("FORGOTTEN ", 1)[-1].strip()
-    output.console.print(f"{target.name}: removed {names} from the host"
-                         if names != "nothing" else f"{target.name}: no pushed tokens to remove")
+    s: Session
+    with _session(c) as s:
+        names = run_step(s.ex, forget_secrets_step(), s.run, output.console).data
+    output.console.print(f"{s.target.name}: removed {names} from the host"
+                         if names else f"{s.target.name}: no pushed tokens to remove")
 
 
 @task(help={"pubkey": "public key to install (default: the inventory's key + .pub, else "
@@ -543,3 +423,4 @@ def forget_host_key(c: Context) -> None:
     found = forget_pin(target)
     output.console.print(f"{target.pin_name}: {'forgotten' if found else 'was not pinned'} "
                          f"({known_hosts_path()})")
+

@@ -1,6 +1,6 @@
 """gpu-provision bench: the standard suite, run on the host in the provisioned env (torch only,
 next to validate_gpu.py whose measuring helpers it shares). Needs no downloads but the bounded
-mirror probes. Prints ONE line, ``BENCH_JSON <object>``.
+mirror probes. Prints ONE line: a JSON object.
 
 Argument 1 is a JSON config: {"data_dir": str|null, "mirrors": [{"kind", "url"}],
 "download_mb": int, "download_timeout": seconds per mirror (default 20)}. Every figure is a number or null (not measured, with the reason in
@@ -200,4 +200,4 @@ if __name__ == "__main__":
     started = time.perf_counter()
     result = run(config)
     result["seconds"] = round(time.perf_counter() - started, 1)
-    print("BENCH_JSON " + json.dumps(result))
+    print(json.dumps(result))

@@ -1,5 +1,5 @@
 """gpu-provision validation: runs on the host in the provisioned env (Python 3.8+, torch only) and
-prints ONE line, ``VALIDATE_JSON <object>``. Under a minute on a real GPU.
+prints ONE line: the JSON object below. Under a minute on a real GPU.
 
 Argument 1 is the JSON config the provisioner renders (argument 2, optional, the inputs hash
 recorded with the verdict in ~/.gpu-provision/steps/verdict.json):
@@ -369,4 +369,4 @@ if __name__ == "__main__":
     result = report(measure(config), config, time.perf_counter() - started)
     if len(sys.argv) > 2:
         journal(result["verdict"], sys.argv[2])
-    print("VALIDATE_JSON " + json.dumps(result))
+    print(json.dumps(result))

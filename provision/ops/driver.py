@@ -1,12 +1,19 @@
-"""The NVIDIA driver: install with the distro's tools, then hold it. Only on hosts we may touch."""
+"""The NVIDIA driver: install with the distro's tools, reboot only when the module cannot load,
+then hold it. Only on hosts we may touch."""
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
+from ..errors import ProvisionError
 from ..facts.host import HostFacts
 from ..templating import render
-from . import Step, inputs_hash
+from .step import Outcome, Step, dict_result, inputs_hash
 
 CENTOS_VAULT = "https://vault.centos.org/7.9.2009"
+REBOOT_BODY = ("echo 'NEEDS_REBOOT (NVML does not match the loaded module)'\n"
+               "echo '{\"reboot\": true}' > \"$RESULT\"")
 
 
 def family(facts: HostFacts) -> str:
@@ -20,6 +27,19 @@ def family(facts: HostFacts) -> str:
     raise ValueError(f"no driver install path for {facts.os.label}")
 
 
+def read_driver(result: Any) -> Outcome:
+    """The body says whether the module loaded, or needs the next boot."""
+    return Outcome(reboot=bool(dict_result(result, "driver").get("reboot")))
+
+
+def confirm_driver(facts: HostFacts) -> str:
+    """After the driver step (and its reboot): nvidia-smi must answer."""
+    if facts.nvidia_state != "ok":
+        raise ProvisionError(f"after the driver step nvidia-smi reports: {facts.nvidia_detail}; "
+                             "see logs/ and `gpu-provision doctor`")
+    return f"driver {facts.driver} loaded (CUDA <= {facts.driver_cuda})"
+
+
 def install_step(facts: HostFacts, branch: int, open_modules: bool, action: str,
                  reason: str) -> Step:
     fam = family(facts)
@@ -31,8 +51,17 @@ def install_step(facts: HostFacts, branch: int, open_modules: bool, action: str,
     body = render("driver.sh.j2", family=fam, branch=str(branch), open_modules=open_modules,
                   apt_package=apt_package, kmod=kmod, x11=x11, vault=CENTOS_VAULT,
                   el=str(facts.os.major or 9))
-    return Step("driver", action, reason, body,
-                inputs_hash(branch=branch, open=open_modules, os=facts.os.id))
+    return Step("driver", reason, action=action, body=body,
+                inputs=inputs_hash(branch=branch, open=open_modules, os=facts.os.id),
+                read=read_driver, settle=confirm_driver,
+                then=partial(hold_step, branch=branch, open_modules=open_modules))
+
+
+def reboot_step(facts: HostFacts, reason: str) -> Step:
+    """The driver's libraries were upgraded under the loaded module: the next boot loads the
+    matching one."""
+    return Step("driver", reason, action="reboot", body=REBOOT_BODY,
+                inputs=inputs_hash(boot=facts.boot_id), read=read_driver, settle=confirm_driver)
 
 
 def hold_step(facts: HostFacts, branch: int, open_modules: bool) -> Step:
@@ -47,6 +76,6 @@ def hold_step(facts: HostFacts, branch: int, open_modules: bool) -> Step:
             else ("nvidia-open" if open_modules else "cuda-drivers")
         pattern = ""
     body = render("driver_hold.sh.j2", family=fam, pattern=pattern, fallback=fallback)
-    return Step("driver-hold", f"hold the driver packages ({fallback})",
-                "so unattended upgrades cannot replace the driver under a running job", body,
-                inputs_hash(branch=branch))
+    return Step("driver-hold", "so unattended upgrades cannot replace the driver under a running "
+                "job", action=f"hold the driver packages ({fallback})", body=body,
+                inputs=inputs_hash(branch=branch))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -12,10 +14,12 @@ import yaml
 
 from ..compat import TorchChoice
 from ..facts.host import HostFacts
-from ..inventory import Settings
+from ..inventory import Settings, Target
 from ..paths import templates_dir
 from ..templating import render
-from . import Layout, Step, configured_pypi, find_env, inputs_hash
+from .conda import configured_pypi
+from .layout import Layout, expand_home, find_env
+from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
 REVALIDATE_AFTER = 6 * 3600  # seconds: an unchanged host is measured again after this long
 
@@ -35,15 +39,25 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
     age = facts.now - float(last.get("at") or 0) if facts.now else REVALIDATE_AFTER
     if not always and last.get("inputs") == h and last.get("result") == "PASS" \
             and 0 <= age < REVALIDATE_AFTER:
-        return Step("validate", "none", f"PASS {age / 60:.0f} min ago on this boot, and nothing it "
-                    "checked has changed (`validate` measures again)")
+        return nothing("validate", f"PASS {age / 60:.0f} min ago on this boot, and nothing it "
+                       "checked has changed (`validate` measures again)", kept=Outcome(verdict="PASS"))
     body = render("validate.sh.j2", python_bin=lay.python_bin, script=script,
                   config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
                   inputs=h)
     what = f"{expected} GPU(s)" if expected else "CPU mode"
     also = "; TFLOPS and bandwidth against the datasheet" if config["reference"] else ""
-    return Step("validate", "run validate_gpu.py",
-                f"{what}: torch imports, sees every GPU, matmul matches the CPU{also}", body, h)
+    return Step("validate", f"{what}: torch imports, sees every GPU, matmul matches the CPU{also}",
+                action="run validate_gpu.py", body=body, inputs=h, read=read_validation)
+
+
+def read_validation(result: Any) -> Outcome:
+    """validate_gpu.py's report (schema in its docstring) and its verdict."""
+    report = dict_result(result, "validate")
+    return Outcome(report=report, report_kind="validate", verdict=str(report.get("verdict")))
+
+
+def read_bench(result: Any) -> Outcome:
+    return Outcome(report=dict_result(result, "bench"), report_kind="bench")
 
 
 def bench_step(facts: HostFacts, lay: Layout, settings: Settings,
@@ -56,13 +70,28 @@ def bench_step(facts: HostFacts, lay: Layout, settings: Settings,
                for b in m.miniconda]
     mirrors += [{"kind": "pypi", "url": f"{b.rstrip('/')}/torch/"} for b in m.pypi]
     mirrors += [{"kind": "pytorch", "url": f"{b.rstrip('/')}/{variant}/torch/"} for b in m.pytorch]
-    config = {"data_dir": settings.data_dir, "mirrors": mirrors, "download_mb": download_mb}
+    config = {"data_dir": data_dir(facts, settings), "mirrors": mirrors, "download_mb": download_mb}
     body = render("bench.sh.j2", python_bin=lay.python_bin,
                   validate_script=(templates_dir() / "validate_gpu.py").read_text(),
                   bench_script=(templates_dir() / "bench_gpu.py").read_text(),
                   config=json.dumps(config, sort_keys=True))
-    return Step("bench", "run bench_gpu.py", f"the standard suite; {len(mirrors)} mirror(s), at "
-                f"most {download_mb} MiB each", body, inputs_hash(config=config))
+    return Step("bench", f"the standard suite; {len(mirrors)} mirror(s), at most {download_mb} MiB "
+                "each", action="run bench_gpu.py", body=body, inputs=inputs_hash(config=config),
+                read=read_bench)
+
+
+def bench_report(report: Mapping[str, Any], target: Target, settings: Settings) -> dict[str, Any]:
+    """bench_gpu.py's figures with what compare joins them by: host, inventory, platform, the GPU
+    advertised and its price, and when."""
+    return {**report, "host": target.name,
+            "inventory": str(target.source) if target.source else None,
+            "platform": settings.platform, "advertised": settings.gpu,
+            "price_per_hour": settings.price_per_hour, "currency": settings.currency,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def data_dir(facts: HostFacts, settings: Settings) -> str | None:
+    return expand_home(settings.data_dir, facts.home) if settings.data_dir else None
 
 
 def verify_expectations(facts: HostFacts, lay: Layout, settings: Settings,
@@ -88,7 +117,7 @@ def validation_config(facts: HostFacts, settings: Settings) -> dict[str, Any]:
     refs = {g.name: ref for g in facts.gpus if (ref := gpu_reference(g.name))}
     return {"expected_gpus": len(facts.gpus), "advertised": parse_gpu_claim(settings.gpu),
             "thresholds": dict(settings.validation), "reference": refs,
-            "data_dir": settings.data_dir}
+            "data_dir": data_dir(facts, settings)}
 
 
 def parse_gpu_claim(claim: str | None) -> dict[str, Any] | None:

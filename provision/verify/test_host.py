@@ -81,8 +81,9 @@ def test_driver_packages_held(host: Host) -> None:
 
 
 def test_no_stale_lock(host: Host) -> None:
-    r = host.run('st="$HOME/.gpu-provision"; flock -n "$st/lock" true || echo "lock held: '
-                 '$(cat "$st/lock.owner")"; for p in "$st"/steps/*.pid; do [ -f "$p" ] && '
-                 'echo "step left unfinished: $(basename "$p" .pid)"; done; true')
+    r = host.run('st="$HOME/.gpu-provision"; for l in "$st"/locks/*; do case $l in *.owner) '
+                 'continue;; esac; [ -f "$l" ] && { flock -n "$l" true || echo "lock $(basename '
+                 '"$l") held: $(cat "$l.owner")"; }; done; for p in "$st"/steps/*.pid; do '
+                 '[ -f "$p" ] && echo "step left unfinished: $(basename "$p" .pid)"; done; true')
     problems = [ln for ln in r.stdout.splitlines() if ln.strip()]
     assert not problems, "; ".join(problems)

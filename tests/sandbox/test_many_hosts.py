@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -71,10 +72,14 @@ def test_bootstrap_three_hosts_one_broken(hosts: Hosts, gp_home: Path, tmp_path:
         r = gpu_provision("-H", str(group), "bootstrap", home=gp_home, cwd=tmp_path, timeout=900)
         assert r.returncode == 1
         summary = r.stdout[r.stdout.index("summary: 3 hosts"):]
-        rows = summary.split("│ root@")
+        rows = re.split(r"\n│ (?=\S)", summary)[1:]  # a row's first line names its host
+        # hosts are named as the user wrote them: each inventory's name, not root@<its path>
+        assert sorted(row.split()[0] for row in rows) == sorted([good[0].id, good[1].id, "broken"])
+        assert "root@" not in summary
         ok = [row for row in rows if "ok PASS" in row]
         failed = [row for row in rows if "failed:" in row]
         assert len(ok) == 2 and len(failed) == 1, summary
+        assert failed[0].startswith("broken "), summary
         assert "step 'conda' failed with exit code 3" in failed[0].replace("\n", " ").replace("│", "")
         assert "sha256mismatch" in "".join(failed[0].replace("│", "").split()), summary
         assert all("torch" in row for row in ok)  # per-step durations: conda, env, torch, ...

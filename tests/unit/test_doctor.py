@@ -68,9 +68,9 @@ def test_both_arch_texts_in_one_log_give_both_findings() -> None:
 
 
 @pytest.fixture(scope="module")
-def healthy(here: HostFacts) -> HostFacts:
+def healthy(cpu_host: HostFacts) -> HostFacts:
     """A provisioned RTX 4090 VM with nothing wrong."""
-    return replace(here, gpus=(Gpu(0, "NVIDIA GeForce RTX 4090", "550.54.14", 24564, 1, "8.9"),),
+    return replace(cpu_host, gpus=(Gpu(0, "NVIDIA GeForce RTX 4090", "550.54.14", 24564, 1, "8.9"),),
                    nvidia_state="ok", driver="550.54.14", driver_cuda="12.4", nvcc=None,
                    gpu_processes=(), nouveau_loaded=False, secure_boot=False,
                    nvidia_ko_for_kernel=True, driver_packages=("nvidia-driver-550 550.54.14-0",),

@@ -17,17 +17,18 @@ import pytest
 
 from provision.command import quote
 from provision.errors import ProvisionError
-from provision.facts.host import HostFacts, parse_df, parse_facts
+from provision.facts.host import HostFacts, parse_df
 from provision.facts.nvidia import Gpu
 from provision.facts.osinfo import parse_os_release
 from provision.facts.pci import PciGpu
 from provision.facts.platform import Virtualization
-from provision.gather import facts_script, markers_of
+from provision.gather import facts_script
 from provision.inventory import load_inventory, settings_for
 from provision.ops.driver import hold_step, install_step
 from provision.paths import templates_dir
 from provision.plan import make_plan
 from provision.recipes import Detect, Platform, all_platforms, load_platform
+from provision.runtime import detached_script, foreground_script, split_result
 from provision.templating import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,13 +52,13 @@ def bash_ok(script: str) -> bool:
 
 @pytest.mark.parametrize("inventory", INVENTORIES, ids=[p.stem for p in INVENTORIES])
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_step_scripts_render_for_every_inventory(here: HostFacts, inventory: Path,
+def test_step_scripts_render_for_every_inventory(cpu_host: HostFacts, inventory: Path,
                                                  recipe: str) -> None:
     target = load_inventory(inventory)
     settings = settings_for(target, None, {"recipe": recipe})
     # a GPU VM with its driver, nothing else installed yet: every later step has a script
     gpu = Gpu(0, "NVIDIA GeForce RTX 4090", driver="580.65.06", compute_cap="8.9")
-    fresh = replace(here, conda=(), envs=(), gpus=(gpu,), nvidia_state="ok", driver="580.65.06",
+    fresh = replace(cpu_host, conda=(), envs=(), gpus=(gpu,), nvidia_state="ok", driver="580.65.06",
                     driver_cuda="13.0", virtualization=Virtualization("vm", "kvm", "test"),
                     pci_gpus=(PciGpu("01:00.0", "AD102 [GeForce RTX 4090]", "2684"),),
                     os=parse_os_release("ID=ubuntu\nVERSION_ID=22.04\n"))
@@ -65,8 +66,9 @@ def test_step_scripts_render_for_every_inventory(here: HostFacts, inventory: Pat
     rendered = [s for s in plan.steps if s.body]
     assert {s.name for s in rendered} >= {"validate", "torch"}
     for step in rendered:
-        script = render("step.sh.j2", step=step.name, inputs=step.inputs, run_id="r",
-                        owner="me@laptop", body=step.body)
+        assert step.body is not None
+        script = foreground_script(step.name, step.body) if step.foreground else \
+            detached_script(step.name, step.body, inputs=step.inputs, run="r")
         assert bash_ok(script), step.name
 
 
@@ -76,9 +78,9 @@ def test_step_scripts_render_for_every_inventory(here: HostFacts, inventory: Pat
     ("ID=centos\nVERSION_ID=7\nID_LIKE=\"rhel fedora\"\n", 550, False),
     ("ID=rocky\nVERSION_ID=9.5\nID_LIKE=\"rhel centos fedora\"\n", 580, True),
 ])
-def test_driver_scripts_render(here: HostFacts, os_release: str, branch: int,
+def test_driver_scripts_render(cpu_host: HostFacts, os_release: str, branch: int,
                                open_modules: bool) -> None:
-    facts = replace(here, os=parse_os_release(os_release))
+    facts = replace(cpu_host, os=parse_os_release(os_release))
     for step in (install_step(facts, branch, open_modules, "install", "why"),
                  hold_step(facts, branch, open_modules)):
         assert step.body and bash_ok(step.body)
@@ -86,21 +88,21 @@ def test_driver_scripts_render(here: HostFacts, os_release: str, branch: int,
 
 def test_every_template_is_covered() -> None:
     shipped = {p.name for p in templates_dir().iterdir() if p.suffix in (".j2", ".py")}
-    assert shipped == {"facts.sh.j2", "step.sh.j2", "conda.sh.j2", "env.sh.j2", "torch.sh.j2",
+    assert shipped == {"facts.sh.j2", "step.sh.j2", "_follow.sh.j2", "foreground.sh.j2", "conda.sh.j2", "env.sh.j2", "torch.sh.j2",
                        "packages.sh.j2", "validate.sh.j2", "validate_gpu.py", "driver.sh.j2",
                        "driver_hold.sh.j2", "_first_mirror.sh.j2", "secrets.sh.j2",
                        "secrets_forget.sh.j2", "bench.sh.j2", "bench_gpu.py"}
 
 
-def test_bench_script_renders_and_runs_without_torch(here: HostFacts, http_servers: tuple[str, str],
+def test_bench_script_renders_and_runs_without_torch(cpu_host: HostFacts, http_servers: tuple[str, str],
                                                      tmp_path: Path) -> None:
     """The bench step renders to valid bash; bench_gpu.py's torch-free parts (disk, CPU score,
     downloads, a hung mirror bounded) run here under the real interpreter."""
-    from provision.ops import Layout
+    from provision.ops.layout import Layout
     from provision.ops.validate import bench_step
     target = load_inventory(Path("inventories/example-4090.yaml"))
     settings = settings_for(target, None, {})
-    step = bench_step(here, Layout("/opt/conda", "gpu", False), settings, None, download_mb=1)
+    step = bench_step(cpu_host, Layout("/opt/conda", "gpu", False), settings, None, download_mb=1)
     assert step.body and bash_ok(step.body) and "BENCH_JSON" not in step.reason
     web, hung = http_servers
     (tmp_path / "good" / "pip" / "pip-24.0.tar.gz").write_bytes(b"x" * 3_000_000)
@@ -112,7 +114,7 @@ def test_bench_script_renders_and_runs_without_torch(here: HostFacts, http_serve
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # a python without torch
     r = subprocess.run(["python3", str(templates_dir() / "bench_gpu.py"), json.dumps(config)],
                        capture_output=True, text=True, timeout=120, env=env)
-    out = json.loads(r.stdout.split("BENCH_JSON ", 1)[1])
+    out = json.loads(r.stdout)  # the script's one line
     assert out["disk_write_mbs"] > 0 and out["disk_read_mbs"] > 0 and out["cpu_single_score"] > 0
     assert out["disk_path"] == str(tmp_path / "data") and not list((tmp_path / "data").iterdir())
     good, bad = out["downloads"]
@@ -140,12 +142,12 @@ def test_facts_script_reads_hostile_paths_as_data(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("PWNED"))
 
 
-def test_pushed_tokens_round_trip_exactly_and_are_forgotten(here: HostFacts, tmp_path: Path) -> None:
+def test_pushed_tokens_round_trip_exactly_and_are_forgotten(cpu_host: HostFacts, tmp_path: Path) -> None:
     """Hostile token values go in on stdin, come back byte for byte from the 0600 file, run
     nothing, and `forget` removes the file and the .bashrc line."""
-    from provision.ops import forget_secrets_body, secrets_step
+    from provision.ops.secrets import forget_secrets_step, read_forgotten, secrets_step
     values = {f"TOKEN_{i}": v for i, v in enumerate(HOSTILE)}
-    step = secrets_step(here, values, "d1gest")
+    step = secrets_step(cpu_host, values, "d1gest")
     assert step.stdin is not None and step.body is not None
     assert not any(v in step.body for v in HOSTILE)  # values never in the script (argv)
     home = tmp_path / "home"
@@ -168,9 +170,14 @@ def test_pushed_tokens_round_trip_exactly_and_are_forgotten(here: HostFacts, tmp
     journal = json.loads((home / ".gpu-provision" / "steps" / "secrets.json").read_text())
     assert (journal["inputs"], journal["result"]) == ("d1gest", "ok")
 
-    r = subprocess.run(["bash", "-c", forget_secrets_body()], capture_output=True, text=True,
-                       env=env)
-    assert r.returncode == 0 and r.stdout == f"FORGOTTEN {names} \n"
+    forget = forget_secrets_step()
+    assert forget.body is not None and forget.foreground
+    r = subprocess.run(["bash", "-c", foreground_script(forget.name, forget.body)],
+                       capture_output=True, text=True, env=env)
+    log, line = split_result(r.stdout)
+    assert r.returncode == 0 and log == "" and line is not None
+    assert forget.read(line["result"]) == read_forgotten({"forgotten": names})
+    assert forget.read(line["result"]).data == names
     assert not f.exists() and not (home / ".gpu-provision" / "steps" / "secrets.json").exists()
     assert (home / ".bashrc").read_text() == "alias ll='ls -l'\n"
 
@@ -212,17 +219,6 @@ def test_first_mirror_names_every_url_when_none_answers(http_servers: tuple[str,
     assert r.returncode == 4 and r.stdout == ""
     assert (f"no pypi mirror answered: {web}/missing (HTTP 404); {hung} (no answer within 2s); "
             "set mirrors.pypi in the inventory or platform to one that works") in r.stderr
-
-
-def test_facts_script_runs_here_in_one_process_and_parses() -> None:
-    platforms = all_platforms()
-    out = subprocess.run(["bash", "-c", facts_script(platforms, ("/tmp",))], capture_output=True,
-                         text=True, timeout=60)
-    doc = json.loads(out.stdout)
-    f = parse_facts(doc, markers_of(platforms))
-    assert f.arch and f.kernel and f.cpu_cores >= 1 and f.memory_gb > 0
-    assert f.home and any(d.path == "/tmp" for d in f.disks)
-    assert len(f.boot_id) == 36
 
 
 def test_hostile_data_dir_is_quoted(tmp_path: Path) -> None:

@@ -136,38 +136,38 @@ def test_reference_lookup_and_claims() -> None:
     assert parse_gpu_claim(None) is None
 
 
-def test_config_carries_claim_thresholds_and_references(here: HostFacts) -> None:
+def test_config_carries_claim_thresholds_and_references(cpu_host: HostFacts) -> None:
     target = Target(name="box", host="h", settings={"gpu": "RTX 4090 x1", "data_dir": "/data"})
     settings = merge_settings(target, load_platform("generic-vm"), load_recipe("pytorch"))
     gpus = (Gpu(0, "NVIDIA GeForce RTX 4090", compute_cap="8.9"),
             Gpu(1, "NVIDIA GeForce GTX 1080", compute_cap="6.1"))
-    cfg = validation_config(replace(here, gpus=gpus), settings)
+    cfg = validation_config(replace(cpu_host, gpus=gpus), settings)
     assert cfg["expected_gpus"] == 2 and cfg["data_dir"] == "/data"
     assert cfg["advertised"] == {"model": "RTX 4090", "count": 1}
     assert cfg["thresholds"]["min_tflops_ratio"] == 0.5
     assert list(cfg["reference"]) == ["NVIDIA GeForce RTX 4090"]
 
 
-def test_revalidation_only_when_something_it_checks_changed(here: HostFacts) -> None:
-    from provision.ops import Layout
+def test_revalidation_only_when_something_it_checks_changed(cpu_host: HostFacts) -> None:
+    from provision.ops.layout import Layout
     from provision.ops.validate import REVALIDATE_AFTER, validate_step
     settings = merge_settings(Target(name="box", host="h"), load_platform("generic-vm"),
                               load_recipe("pytorch"))
     lay = Layout("/root/miniconda3", "torch", False)
-    facts = replace(here, boot_id="b1", now=1_000_000.0)
+    facts = replace(cpu_host, boot_id="b1", now=1_000_000.0)
     first = validate_step(facts, lay, settings, always=False)
     assert first.changes  # never validated here yet
 
-    def after(verdict: str, age: float, **change: Any) -> str:
+    def after(verdict: str, age: float, **change: Any) -> str | None:
         f = replace(facts, journal={"verdict": {"step": "verdict", "inputs": first.inputs,
                                                 "result": verdict, "at": facts.now - age}})
         return validate_step(replace(f, **change), lay, settings, always=False).action
 
-    assert after("PASS", 60) == "none"
-    assert after("WARN", 60) != "none"  # only a PASS is taken as it was
-    assert after("PASS", REVALIDATE_AFTER + 1) != "none"
-    assert after("PASS", 60, boot_id="b2") != "none"  # rebooted
-    assert after("PASS", 60, gpus=(Gpu(0, "NVIDIA GeForce RTX 4090", compute_cap="8.9"),)) != "none"
+    assert after("PASS", 60) is None
+    assert after("WARN", 60) is not None  # only a PASS is taken as it was
+    assert after("PASS", REVALIDATE_AFTER + 1) is not None
+    assert after("PASS", 60, boot_id="b2") is not None  # rebooted
+    assert after("PASS", 60, gpus=(Gpu(0, "NVIDIA GeForce RTX 4090", compute_cap="8.9"),)) is not None
     assert validate_step(replace(facts, journal={"verdict": {"inputs": first.inputs, "result": "PASS",
                                                              "at": facts.now}}),
                          lay, settings, always=True).changes

@@ -1,0 +1,48 @@
+"""Miniconda from the mirror (sha256 checked), with .condarc and pip.conf pointing at the
+configured mirrors. Skipped where a usable conda is there (platforms ship one)."""
+
+from __future__ import annotations
+
+from ..compat import dotted, load_compat
+from ..facts.host import HostFacts
+from ..inventory import Settings
+from ..templating import render
+from .layout import Layout
+from .step import Step, inputs_hash, nothing
+
+DEFAULT_PYPI = "https://pypi.org/simple"
+MIRROR_TIMEOUT = 10  # seconds a mirror has to answer before the next one listed is tried
+
+
+def configured_pypi(settings: Settings) -> tuple[str, ...]:
+    """The PyPI mirrors to configure; none when only pypi.org is listed (pip's default)."""
+    return () if settings.mirrors.pypi == (DEFAULT_PYPI,) else settings.mirrors.pypi
+
+
+def listed(urls: tuple[str, ...]) -> str:
+    """The first URL, and the ones tried after it."""
+    return urls[0] + (f" (then {', '.join(urls[1:])})" if len(urls) > 1 else "")
+
+
+def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
+    partial = facts.conda_partial == lay.conda_root
+    if f"{lay.conda_root}/bin/conda" in facts.conda and not partial:
+        return nothing("conda", f"conda found at {lay.conda_root}")
+    m = settings.mirrors
+    arch = facts.arch or "x86_64"
+    version, why = settings.miniconda_version, ""
+    data = load_compat()
+    if version == "latest" and facts.glibc and dotted(facts.glibc) < data.miniconda_min_glibc:
+        version = data.miniconda_old_glibc
+        why = (f"; glibc {facts.glibc} is older than the {'.'.join(map(str, data.miniconda_min_glibc))}"
+               f" current installers need, so {version}")
+    if partial:
+        why += f"; an earlier install at {lay.conda_root} did not finish: it is cleared first"
+    file = f"Miniconda3-{version}-Linux-{arch}.sh"
+    body = render("conda.sh.j2", prefix=lay.conda_root, bases=m.miniconda, file=file,
+                  sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
+                  pypi=configured_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
+    return Step("conda", f"no conda on the host; {file} from {listed(m.miniconda)}, sha256 "
+                f"checked{why}", action=f"install Miniconda at {lay.conda_root}", body=body,
+                inputs=inputs_hash(file=file, base=m.miniconda, channels=m.conda_channels,
+                                   pypi=m.pypi), repair=partial)

@@ -1,0 +1,94 @@
+"""What this tool keeps on the laptop: ``logs/`` and ``reports/`` under one root.
+
+The root is the working folder (``--workdir``, else ``$GPU_PROVISION_WORKDIR``, else the current
+folder). Runs are named by one function (``run_id``), and a host's folder name by another
+(``host_dir``), so every reader and writer agrees on the layout::
+
+    <root>/logs/<host>/<run>/<step>.log     what each remote execution printed
+    <root>/reports/<host>/<kind>-<run>.json validation and bench reports (verify: .xml)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RUN_ID_FORMAT = "%Y%m%d-%H%M%S"
+
+
+def run_id(at: float | None = None) -> str:
+    """The name of one run (local time, sortable): ``20261201-143055``."""
+    return time.strftime(RUN_ID_FORMAT, time.localtime(at))
+
+
+def host_dir(host: str) -> str:
+    """The host's folder name under logs/ and reports/."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", host)
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("GPU_PROVISION_WORKDIR") or ".")
+
+
+@dataclass(frozen=True)
+class Store:
+    """The local logs and reports of every host, under ``root``."""
+
+    root: Path = field(default_factory=default_root)
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.root / "reports"
+
+    def run_logs(self, host: str, run: str) -> Path:
+        """The folder one run's step logs go to (made when the first log is written)."""
+        return self.root / "logs" / host_dir(host) / run
+
+    def report_path(self, host: str, kind: str, run: str | None = None, ext: str = "json") -> Path:
+        return self.reports_dir / host_dir(host) / f"{kind}-{run or run_id()}.{ext}"
+
+    def save_report(self, host: str, report: dict[str, Any], kind: str = "validate",
+                    run: str | None = None) -> Path:
+        """Write ``report`` as ``reports/<host>/<kind>-<run>.json`` (whole, or not at all)."""
+        path = self.report_path(host, kind, run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        tmp.replace(path)
+        return path
+
+    def reports(self, kind: str, host: str | None = None) -> list[Path]:
+        """Saved reports of ``kind`` (of one host, or of all), oldest first."""
+        folders = [self.reports_dir / host_dir(host)] if host else \
+            sorted(p for p in self.reports_dir.glob("*") if p.is_dir())
+        return sorted((p for d in folders for p in d.glob(f"{kind}-*.json")),
+                      key=lambda p: (p.name, str(p)))
+
+    def last_report(self, host: str, kind: str = "validate") -> dict[str, Any] | None:
+        """The newest saved report of ``kind`` for ``host`` (None when there is none)."""
+        found = self.reports(kind, host)
+        return json.loads(found[-1].read_text()) if found else None
+
+    def last_logs(self, host: str) -> dict[str, str]:
+        """The step logs of the host's newest run here, keyed ``log <host>/<run>/<step>.log``.
+
+        facts.log is left out: it is raw probe data (a CPU host's "nvidia-smi: command not
+        found" is no error), and doctor reads the facts themselves, parsed.
+        """
+        base = self.root / "logs"
+        runs = sorted(p for p in (base / host_dir(host)).glob("*") if p.is_dir())
+        if not runs:
+            return {}
+        return {f"log {p.relative_to(base)}": outputs(p.read_text(errors="replace"))[-20000:]
+                for p in sorted(runs[-1].glob("*.log")) if p.name != "facts.log"}
+
+
+def outputs(log: str) -> str:
+    """A step log without the commands it records (a script's own text is not its output)."""
+    return re.sub(r"^\$ .*?^# exit -?\d+ in [\d.]+s$", "", log, flags=re.MULTILINE | re.DOTALL)
+

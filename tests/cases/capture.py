@@ -1,0 +1,73 @@
+"""Capture the raw facts (the facts script's JSON, probes and all) of sandbox hosts, for the
+plan case files: ``python -m tests.cases.capture PROFILE[:STATE] ... [--out tests/cases/facts]``.
+
+STATE ``bootstrapped`` runs a real bootstrap on the host first (Miniconda, env, torch, the
+journal), so the capture is what a re-run sees. Needs what the sandbox needs (root, sshd).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import paramiko
+
+from provision.command import bash_script
+from provision.gather import data_dirs, facts_script
+from provision.recipes import all_platforms
+from tests.sandbox import harness
+
+OUT = Path(__file__).resolve().parent / "facts"
+
+
+def raw_facts(info: harness.HostInfo) -> dict[str, object]:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # sandbox hosts only
+    client.connect(info.host, port=info.port, username=info.user, key_filename=info.key,
+                   timeout=10, allow_agent=False, look_for_keys=False)
+    try:
+        platforms = all_platforms()
+        script = facts_script(platforms, data_dirs(platforms))
+        _, out, _ = client.exec_command(bash_script(script).render(), timeout=120)
+        return json.loads(out.read().decode())  # type: ignore[no-any-return]
+    finally:
+        client.close()
+
+
+def bootstrap(info: harness.HostInfo) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, GPU_PROVISION_HOME=tmp)
+        r = subprocess.run([sys.executable, "-m", "provision", "-H", info.inventory, "bootstrap"],
+                           cwd=tmp, env=env, capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            raise SystemExit(f"bootstrap of {info.id} failed:\n{r.stdout}\n{r.stderr}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("specs", nargs="+", help="PROFILE or PROFILE:bootstrapped")
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    for spec in a.specs:
+        profile, _, state = spec.partition(":")
+        info = harness.start(profile)
+        try:
+            if state == "bootstrapped":
+                bootstrap(info)
+            doc = raw_facts(info)
+            name = f"{profile}{'-' + state if state else ''}.json"
+            (a.out / name).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            print(f"wrote {a.out / name}")
+        finally:
+            harness.stop(info.id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
