@@ -1,8 +1,10 @@
-"""Price per performance: saved bench reports joined with each host's price. Pure: the task
-reads the files and the inventories, this turns them into rows, sorted by value for money."""
+"""Price per performance: saved bench reports joined with each host's price. Pure but for
+finding the report files: the task reads them and the inventories, this turns them into rows,
+sorted by value for money."""
 
 from __future__ import annotations
 
+import glob
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -10,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ProvisionError
+from .paths import on_disk, published_reports
+
+PUBLISHED = "published"  # `--report published`: the reports built from published figures
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,19 @@ class Row:
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def report_files(patterns: Iterable[str]) -> list[Path]:
+    """The files ``--report`` values name: a file or glob (one that matches nothing stands for
+    itself, so that the task names it as missing), or ``published``: the reports built from
+    published figures that ship with the tool (``bench/published/`` in a checkout)."""
+    out: set[Path] = set()
+    for pat in patterns:
+        if pat == PUBLISHED and not Path(pat).exists():
+            out.update(on_disk(f) for f in published_reports().iterdir() if f.name.endswith(".json"))
+        else:
+            out.update(Path(p) for p in glob.glob(pat) or [pat])
+    return sorted(out)
 
 
 def newest_per_host(paths: Iterable[Path]) -> list[Path]:

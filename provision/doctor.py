@@ -12,7 +12,6 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -20,9 +19,10 @@ import yaml
 from .compat import cc_text, first_build_with, parse_compute_cap
 from .errors import ConfigError
 from .facts.host import HostFacts
+from .paths import Traversable, data_file
 from .plan import Plan
 
-KNOWLEDGE = Path(__file__).parent / "data" / "knowledge.yaml"
+KNOWLEDGE = data_file("knowledge.yaml")
 LEVELS = ("error", "warning", "info")
 
 
@@ -128,7 +128,7 @@ CHECKS: dict[str, Check] = {
 
 
 @cache
-def load_knowledge(path: Path = KNOWLEDGE) -> tuple[Entry, ...]:
+def load_knowledge(path: Traversable = KNOWLEDGE) -> tuple[Entry, ...]:
     """The entries, checked: every `when` names a known check, every regex compiles."""
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     entries = []

@@ -32,7 +32,7 @@ from .bootstrap import (
     save_report,
 )
 from .command import bash_script
-from .compare import newest_per_host, rows
+from .compare import newest_per_host, report_files, rows
 from .compat import choose_torch, compat_text, load_compat
 from .connection import connect, forget_pin, known_hosts_path
 from .doctor import diagnose, texts_for
@@ -43,11 +43,11 @@ from .gather import gather
 from .inventory import Target, resolve_target, settings_for
 from .ops import forget_secrets_body
 from .ops import validate as validate_ops
+from .paths import as_dir, verify_suite
 from .plan import Plan, make_plan
 from .recipes import all_platforms, load_platform
 from .refresh import diff_index, refreshed_yaml, scan_index
 from .secrets import digest, push_values
-from .verify import SUITE
 
 F = TypeVar("F", bound=Callable[..., Any])
 _PYTEST = threading.Lock()
@@ -227,9 +227,9 @@ def verify(c: Context, junit: str | None = None) -> None:
             config.gpu_provision_client = conn.client
 
     try:
-        with _PYTEST:  # pytest.main is not thread-safe: hosts of a -H list take turns
-            code = pytest.main([str(SUITE), f"--hosts=paramiko://{target.user}@{target.host}:"
-                                f"{target.port}", "-c", os.devnull, "--rootdir", str(SUITE),
+        with _PYTEST, as_dir(verify_suite()) as suite:  # pytest.main is not thread-safe: hosts take turns
+            code = pytest.main([str(suite), f"--hosts=paramiko://{target.user}@{target.host}:"
+                                f"{target.port}", "-c", os.devnull, "--rootdir", str(suite),
                                 "-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={path}"],
                                plugins=[HandOver()])
     finally:
@@ -316,7 +316,7 @@ def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
 
 
 @task(iterable=["report"], help={
-    "report": "a bench report file or glob (repeatable; default: the newest "
+    "report": "a bench report file or glob, or `published` (repeatable; default: the newest "
               "reports/<host>/bench-*.json of each host)",
     "html": "where to write the page (default reports/compare.html; its PNG goes beside it)",
     "json": "print the rows as JSON"})
@@ -330,7 +330,7 @@ def compare(c: Context, report: list[str] | None = None, html: str = "reports/co
     """
 
     if report:  # as given (a pattern that matches nothing stands for itself, and is reported)
-        paths = sorted({Path(p) for pat in report for p in (glob.glob(pat) or [pat])})
+        paths = report_files(report)
     else:
         paths = newest_per_host(Path(p) for p in glob.glob("reports/*/bench-*.json"))
     missing = [str(p) for p in paths if not p.is_file()]

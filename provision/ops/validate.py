@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -13,7 +12,7 @@ import yaml
 from ..compat import TorchChoice
 from ..facts.host import HostFacts
 from ..inventory import Settings
-from ..paths import templates_dir
+from ..paths import data_file, templates_dir
 from ..templating import render
 from . import Layout, Step, configured_pypi, find_env, inputs_hash
 
@@ -102,7 +101,7 @@ def parse_gpu_claim(claim: str | None) -> dict[str, Any] | None:
 
 @cache
 def _perf_table() -> dict[str, dict[str, Any]]:
-    raw = yaml.safe_load((Path(__file__).parent.parent / "data" / "gpu_perf.yaml").read_text())
+    raw = yaml.safe_load(data_file("gpu_perf.yaml").read_text())
     return {k.lower(): v for k, v in raw["gpus"].items()}
 
 
