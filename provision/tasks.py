@@ -38,6 +38,7 @@ from .connection import connect, forget_pin, known_hosts_path
 from .doctor import diagnose, texts_for
 from .errors import ProvisionError
 from .executor import Executor
+from .extras import need
 from .facts.host import HostFacts
 from .gather import gather
 from .inventory import Target, resolve_target, settings_for
@@ -214,6 +215,7 @@ def verify(c: Context, junit: str | None = None) -> None:
     bootstrap recorded: driver, GPUs, conda, env, torch and its CUDA, mirrors, held driver
     packages, no stale lock. Example: gpu-provision -H my-4090 verify
     """
+    need("pytest", "testinfra", extra="verify")
     import pytest
 
     target = target_of(c)

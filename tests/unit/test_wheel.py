@@ -1,5 +1,6 @@
 """The wheel is the product: what it holds (templates, recipes, platforms, the verify suite, the
-example inventories, the published reports, the data), read from the wheel itself."""
+example inventories, the published reports, the data) and its dependencies (pytest and matplotlib
+only in extras)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
+from email.parser import Parser
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,21 @@ def test_wheel_ships_every_file_the_tasks_read(wheel: zipfile.ZipFile) -> None:
             "provision/_published/lambda-h100-sxm.json"} <= names
     # nothing of the checkout's own: tests, the bench scripts, the fabfile
     assert not [n for n in names if n.startswith(("tests/", "bench/", "fabfile"))]
+
+
+def test_wheel_metadata_script_and_extras(wheel: zipfile.ZipFile) -> None:
+    [meta_name] = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    meta = Parser().parsestr(wheel.read(meta_name).decode())
+    requires = meta.get_all("Requires-Dist") or []
+    default = {r.split(">")[0].split(";")[0].strip() for r in requires if "extra ==" not in r}
+    assert default == {"fabric", "paramiko", "invoke", "jinja2", "pyyaml", "rich", "packaging"}
+    assert {"verify", "chart", "all", "test"} <= set(meta.get_all("Provides-Extra") or [])
+    assert 'pytest>=8; extra == "verify"' in requires
+    assert 'pytest-testinfra>=10; extra == "verify"' in requires
+    assert 'matplotlib>=3.8; extra == "chart"' in requires
+    assert 'gpu-provision[chart,verify]; extra == "all"' in requires
+    [entry_points] = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    assert "gpu-provision = provision.cli:main" in wheel.read(entry_points).decode()
 
 
 def test_shipped_copies_match_the_checkout(wheel: zipfile.ZipFile) -> None:
