@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .compare import Row, money, number
+from .extras import need
 
 BAR = "#2f6db5"  # the bars' colour (the HTML test looks for it in the rendered page)
 
@@ -37,7 +38,8 @@ def _figure(rows: Sequence[Row]):  # type: ignore[no-untyped-def]
 
 
 def render(rows: Sequence[Row]) -> tuple[str, bytes]:
-    """(SVG text, PNG bytes) of the chart."""
+    """(SVG text, PNG bytes) of the chart; matplotlib comes with the ``chart`` extra."""
+    need("matplotlib", extra="chart")
     import matplotlib.pyplot as plt
     fig = _figure(rows)
     svg, png = io.StringIO(), io.BytesIO()

@@ -12,7 +12,10 @@ from typing import Any
 
 from .errors import ProvisionError
 from .inventory import resolve_target
+from .paths import on_disk, published_reports
 from .store import Store
+
+PUBLISHED = "published"  # `--report published`: the reports built from published figures
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,19 @@ class Row:
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def report_files(patterns: Iterable[str]) -> list[Path]:
+    """The files ``--report`` values name: a file or glob (one that matches nothing stands for
+    itself, so that the task names it as missing), or ``published``: the reports built from
+    published figures that ship with the tool (``bench/published/`` in a checkout)."""
+    out: set[Path] = set()
+    for pat in patterns:
+        if pat == PUBLISHED and not Path(pat).exists():
+            out.update(on_disk(f) for f in published_reports().iterdir() if f.name.endswith(".json"))
+        else:
+            out.update(Path(p) for p in glob.glob(pat) or [pat])
+    return sorted(out)
 
 
 def newest_per_host(paths: Iterable[Path]) -> list[Path]:
@@ -92,11 +108,11 @@ def number(value: float | None, unit: str = "", digits: int = 1) -> str:
 
 
 def find_reports(store: Store, patterns: Iterable[str] = ()) -> list[tuple[str, dict[str, Any]]]:
-    """(path, report) of each bench report: the files or globs given (a pattern that matches
-    nothing stands for itself, and is reported), else the newest of each host in the store."""
+    """(path, report) of each bench report: the ones ``--report`` names (see report_files), else
+    the newest of each host in the store."""
     pats = list(patterns)
     if pats:
-        paths = sorted({Path(p) for pat in pats for p in (glob.glob(pat) or [pat])})
+        paths = report_files(pats)
     else:
         paths = newest_per_host(store.reports("bench"))
     missing = [str(p) for p in paths if not p.is_file()]

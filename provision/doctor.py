@@ -21,11 +21,12 @@ import yaml
 from .compat import cc_text, first_build_with, parse_compute_cap
 from .errors import ConfigError, ProvisionError
 from .facts.host import HostFacts
+from .paths import Traversable, data_file
 
 if TYPE_CHECKING:
     from .plan import Plan
 
-KNOWLEDGE = Path(__file__).parent / "data" / "knowledge.yaml"
+KNOWLEDGE = data_file("knowledge.yaml")
 LEVELS = ("error", "warning", "info")
 
 
@@ -131,7 +132,7 @@ CHECKS: dict[str, Check] = {
 
 
 @cache
-def load_knowledge(path: Path = KNOWLEDGE) -> tuple[Entry, ...]:
+def load_knowledge(path: Traversable = KNOWLEDGE) -> tuple[Entry, ...]:
     """The entries, checked: every `when` names a known check, every regex compiles."""
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     entries = []

@@ -1,8 +1,8 @@
 """Inventories (one host per file) and the resolution of ``-H`` into a ``Target``.
 
-``-H <name>`` reads ``inventories/<name>.yaml`` (from the current folder, or the folder in
-``$GPU_PROVISION_INVENTORIES``); ``-H path/to/host.yaml`` reads that file; ``-H user@ip:port``
-needs no file.
+``-H <name>`` reads ``inventories/<name>.yaml`` (from the folder in ``$GPU_PROVISION_INVENTORIES``,
+or the current folder, else the examples that ship with the tool); ``-H path/to/host.yaml`` reads
+that file; ``-H user@ip:port`` needs no file.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from . import validators as v
 from .errors import ConfigError
+from .paths import example_inventories, on_disk
 from .recipes import MIRRORS_SCHEMA, Mirrors, Platform, Recipe, load_platform, load_recipe
 from .yamlspec import Check, check, load_mapping
 
@@ -77,6 +78,13 @@ def inventory_dirs() -> list[Path]:
     return dirs
 
 
+def shipped_example(name: str) -> Path | None:
+    """The example inventory ``name`` that ships with the tool (the checkout's ``inventories/``
+    or the installed package's copy), if there is one."""
+    example = example_inventories() / f"{name}.yaml"
+    return on_disk(example) if example.is_file() else None
+
+
 def load_inventory(path: Path, name: str | None = None) -> Target:
     data, lines = load_mapping(path, "inventory")
     check(data, INVENTORY_SCHEMA, path, lines)
@@ -96,6 +104,7 @@ def find_inventory(spec: str) -> Path | None:
         for d in inventory_dirs():
             if (d / f"{spec}.yaml").is_file():
                 return d / f"{spec}.yaml"
+        return shipped_example(spec)
     return None
 
 
@@ -150,6 +159,9 @@ def resolve_target(spec: str, user: str | None = None, port: int | None = None,
             p = d / f"{spec}.yaml"
             if p.is_file():
                 return load_inventory(p, spec)
+        example = shipped_example(spec)
+        if example is not None:
+            return load_inventory(example, spec)
     u, h, p2 = parse_host_string(spec)
     user, port, host = u or user or "root", p2 or port or 22, host or h
     return Target(name=f"{user}@{host}:{port}", host=host, port=port, user=user)

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import validators as v
 from .errors import ConfigError
-from .paths import builtin_recipes_dir
+from .paths import Traversable, builtin_recipes_dir
 from .yamlspec import Check, check, load_mapping
 
 MIRRORS_SCHEMA = {
@@ -115,7 +115,14 @@ class Recipe:
     validation: Mapping[str, float] = field(default_factory=dict)
 
 
-def _find(kind: str, name: str, local: Path, builtin: Path) -> Path:
+def _yaml_names(folder: Traversable) -> set[str]:
+    return {p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml") and p.is_file()} \
+        if folder.is_dir() else set()
+
+
+def _find(kind: str, name: str, local: Path, builtin: Traversable) -> Traversable:
+    """``<name>.yaml`` from the local folder, else the shipped one (a checkout's or the
+    installed package's copy, read through importlib.resources)."""
     problem = v.name(name)
     if problem:
         raise ConfigError(f"{kind} {name!r}", problem)
@@ -123,16 +130,16 @@ def _find(kind: str, name: str, local: Path, builtin: Path) -> Path:
         p = folder / f"{name}.yaml"
         if p.is_file():
             return p
-    known = sorted({p.stem for d in (local, builtin) if d.is_dir() for p in d.glob("*.yaml")})
+    known = sorted(_yaml_names(local) | _yaml_names(builtin))
     raise ConfigError(str(local / f"{name}.yaml"),
                       f"no {kind} named {name!r} (known: {', '.join(known) or 'none'})")
 
 
-def recipe_path(name: str, root: Path | None = None) -> Path:
+def recipe_path(name: str, root: Path | None = None) -> Traversable:
     return _find("recipe", name, (root or Path.cwd()) / "recipes", builtin_recipes_dir())
 
 
-def platform_path(name: str, root: Path | None = None) -> Path:
+def platform_path(name: str, root: Path | None = None) -> Traversable:
     return _find("platform", name, (root or Path.cwd()) / "recipes" / "platforms",
                  builtin_recipes_dir() / "platforms")
 
@@ -162,8 +169,6 @@ def load_platform(name: str, root: Path | None = None) -> Platform:
 
 
 def all_platforms(root: Path | None = None) -> tuple[Platform, ...]:
-    names: set[str] = set()
-    for d in ((root or Path.cwd()) / "recipes" / "platforms", builtin_recipes_dir() / "platforms"):
-        if d.is_dir():
-            names.update(p.stem for p in d.glob("*.yaml"))
+    names = _yaml_names((root or Path.cwd()) / "recipes" / "platforms") | \
+        _yaml_names(builtin_recipes_dir() / "platforms")
     return tuple(load_platform(n, root) for n in sorted(names))

@@ -20,6 +20,7 @@ from .compat import choose_torch
 from .connection import connect, forget_pin, known_hosts_path
 from .doctor import diagnose, read_logs, texts_for
 from .errors import ProvisionError
+from .extras import need
 from .inventory import Target, resolve_target
 from .ops import validate as validate_ops
 from .ops.secrets import forget_secrets_step
@@ -167,7 +168,8 @@ def verify(c: Context, junit: str | None = None) -> None:
     bootstrap recorded: driver, GPUs, conda, env, torch and its CUDA, mirrors, held driver
     packages, no stale lock. Example: gpu-provision -H my-4090 verify
     """
-    from .verify.runner import run_suite
+    need("pytest", "testinfra", extra="verify")
+    from .suite import run_suite
 
     target = target_of(c)
     path = Path(junit) if junit else Store().report_path(target.name, "verify", ext="xml")
@@ -244,7 +246,7 @@ def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
 
 
 @task(iterable=["report"], help={
-    "report": "a bench report file or glob (repeatable; default: the newest "
+    "report": "a bench report file or glob, or `published` (repeatable; default: the newest "
               "reports/<host>/bench-*.json of each host)",
     "html": "where to write the page (default reports/compare.html; its PNG goes beside it)",
     "json": "print the rows as JSON"})

@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jinja2
+from jinja2.loaders import split_template_path
 
 from .command import quote
 from .errors import ProvisionError
-from .paths import templates_dir
+from .paths import Traversable, templates_dir
+
+
+class ResourceLoader(jinja2.BaseLoader):
+    """Templates read through importlib.resources: a checkout's folder or the installed package's
+    copy alike, with no assumption that it is a directory on disk."""
+
+    def __init__(self, root: Traversable) -> None:
+        self.root = root
+
+    def get_source(self, environment: jinja2.Environment, template: str
+                   ) -> tuple[str, str | None, Callable[[], bool] | None]:
+        node = self.root
+        for part in split_template_path(template):  # refuses ".." and absolute names
+            node = node / part
+        if not node.is_file():
+            raise jinja2.TemplateNotFound(template)
+        return node.read_text(encoding="utf-8"), str(node), lambda: True
+
+    def list_templates(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_file())
 
 
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=ResourceLoader(templates_dir()),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import ConfigError
+from .paths import Traversable
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def _lines(node: yaml.Node, prefix: str, out: dict[str, int]) -> None:
             _lines(v, key + ".", out)
 
 
-def load_mapping(path: Path, what: str) -> tuple[dict[str, Any], dict[str, int]]:
+def load_mapping(path: Traversable, what: str) -> tuple[dict[str, Any], dict[str, int]]:
     """Read ``path`` as a YAML mapping; returns (data, line of each dotted key)."""
     p = str(path)
     try:
@@ -65,7 +65,7 @@ def load_mapping(path: Path, what: str) -> tuple[dict[str, Any], dict[str, int]]
     return data, lines
 
 
-def check(data: Mapping[str, Any], schema: Schema, path: Path, lines: Mapping[str, int],
+def check(data: Mapping[str, Any], schema: Schema, path: Traversable, lines: Mapping[str, int],
           prefix: str = "") -> None:
     """Raise ConfigError for the first unknown key, wrong type or invalid value."""
     for key, value in data.items():
@@ -92,7 +92,7 @@ def check(data: Mapping[str, Any], schema: Schema, path: Path, lines: Mapping[st
                 raise ConfigError(str(path), problem, key=dotted, line=line)
 
 
-def _check_type(value: Any, spec: Any, path: Path, key: str, line: int | None) -> None:
+def _check_type(value: Any, spec: Any, path: Traversable, key: str, line: int | None) -> None:
     if isinstance(spec, tuple):  # one of several shapes, e.g. (str, [str]): a value or a list
         spec = spec[1] if isinstance(value, list) else spec[0]
     if isinstance(spec, list):

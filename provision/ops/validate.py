@@ -7,7 +7,6 @@ import re
 import time
 from collections.abc import Mapping
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -15,7 +14,7 @@ import yaml
 from ..compat import TorchChoice
 from ..facts.host import HostFacts
 from ..inventory import Settings, Target
-from ..paths import templates_dir
+from ..paths import data_file, templates_dir
 from ..templating import render
 from .conda import configured_pypi
 from .layout import Layout, expand_home, find_env
@@ -131,7 +130,7 @@ def parse_gpu_claim(claim: str | None) -> dict[str, Any] | None:
 
 @cache
 def _perf_table() -> dict[str, dict[str, Any]]:
-    raw = yaml.safe_load((Path(__file__).parent.parent / "data" / "gpu_perf.yaml").read_text())
+    raw = yaml.safe_load(data_file("gpu_perf.yaml").read_text())
     return {k.lower(): v for k, v in raw["gpus"].items()}
 
 

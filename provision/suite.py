@@ -9,8 +9,8 @@ from typing import Any
 
 from fabric import Connection
 
-from ..inventory import Target
-from . import SUITE
+from .inventory import Target
+from .paths import as_dir, verify_suite
 
 _PYTEST = threading.Lock()  # pytest.main is not thread-safe: hosts of a -H list take turns
 
@@ -25,8 +25,8 @@ def run_suite(conn: Connection, target: Target, junit: Path) -> int:
             config.gpu_provision_client = conn.client
 
     junit.parent.mkdir(parents=True, exist_ok=True)
-    with _PYTEST:
-        return int(pytest.main([str(SUITE), f"--hosts=paramiko://{target.user}@{target.host}:"
-                                f"{target.port}", "-c", os.devnull, "--rootdir", str(SUITE),
+    with _PYTEST, as_dir(verify_suite()) as suite:
+        return int(pytest.main([str(suite), f"--hosts=paramiko://{target.user}@{target.host}:"
+                                f"{target.port}", "-c", os.devnull, "--rootdir", str(suite),
                                 "-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={junit}"],
                                plugins=[HandOver()]))
