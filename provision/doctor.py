@@ -198,10 +198,11 @@ def normalise(text: str) -> str:
 
 def _search(entry: Entry, views: Mapping[str, tuple[str, str]]) -> tuple[str, re.Match[str], str] | None:
     """The first signature of ``entry`` in the texts: each normalised text line by line, then
-    with its lines joined (a wrapped message). Returns the source, the match and the text."""
+    with its lines joined (a wrapped message); a pattern that spells out ``\\n`` is about
+    lines and is tried on the lines only. Returns the source, the match and the text."""
     for source, (lines, joined) in views.items():
         for pattern in entry.match:
-            for text in (lines, joined):
+            for text in (lines, joined) if "\\n" not in pattern.pattern else (lines,):
                 m = pattern.search(text)
                 if m:
                     return source, m, lines
@@ -384,6 +385,16 @@ def _fallen(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | Non
     return {"gpu_ref": _gpu_ref(values)}
 
 
+def _extension(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None,
+               host: str, text: str) -> dict[str, str]:
+    """The library named before ": undefined symbol: <sym>" on the matched line."""
+    sym = values.get("sym", "")
+    line = next((ln for ln in text.splitlines() if f"undefined symbol: {sym}" in ln), "")
+    words = line.split(": undefined symbol:")[0].split()
+    name = words[-1].rsplit("/", 1)[-1] if words else ""
+    return {"so": name if ".so" in name else "A compiled extension"}
+
+
 def _gpu_holders(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None,
                  host: str, text: str) -> dict[str, str]:
     """Who else holds the GPU's memory: the host's GPU processes, else the ones the message
@@ -498,6 +509,7 @@ _SPECIFICS: dict[str, Specific] = {
     "cuda-oom": _gpu_holders,
     "cublas-not-initialized": _gpu_holders,
     "cuda-lib-missing": _missing_lib,
+    "torch-extension-abi": _extension,
     "glibc-too-old": _glibc,
     "pip-no-matching-distribution": _pip_no_match,
     "cuda-forward-compat": _forward_compat,

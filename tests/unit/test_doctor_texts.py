@@ -5,6 +5,7 @@ silent, and the normaliser makes kernel-log, wrapped and typographic variants ma
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -293,6 +294,16 @@ def test_pip_no_match_says_which_pythons_the_release_has() -> None:
     [f] = diagnose({"l": _read("errors/install/pip-no-match-py313-cu121-index-spag4d-1.txt")})
     assert "the newest torch on the cu121 index, 2.5.1, has wheels for Python 3.9 to 3.12" \
         in f.diagnosis and "the Python in this log is 3.13" in f.diagnosis
+
+
+def test_long_lines_do_not_stall_matching() -> None:
+    """A pattern that backtracks over a whole line is quadratic: 100k characters of a
+    library-like token took minutes before the signatures began with literal words."""
+    text = "\n".join([f"Collecting pkg{i}==1.0" for i in range(2000)]
+                     + ["x.so" * 25000, "A" * 100000, "lib" + "cudnn" * 20000])
+    started = time.perf_counter()
+    assert diagnose({"big": text}) == []
+    assert time.perf_counter() - started < 10
 
 
 def test_shm_errors_are_not_taken_for_a_full_disk() -> None:
