@@ -8,6 +8,7 @@ reading the shipped YAML.
 
 from __future__ import annotations
 
+import html
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .compat import cc_text, first_build_with, parse_compute_cap
+from .compat import cc_text, dotted, first_build_with, load_compat, parse_compute_cap
 from .errors import ConfigError, ProvisionError
 from .facts.host import HostFacts
 from .paths import Traversable, data_file
@@ -156,19 +157,68 @@ def load_knowledge(path: Traversable = KNOWLEDGE) -> tuple[Entry, ...]:
     return tuple(entries)
 
 
-def _search(entry: Entry, texts: Mapping[str, str]) -> tuple[str, re.Match[str]] | None:
-    for source, text in texts.items():
+# What a log line starts with before the message itself: the kernel's timestamps (dmesg,
+# dmesg -T), syslog and journalctl prefixes, NVRM's tag (each line of a wrapped kernel message
+# repeats it), torchrun's rank tag, CI timestamps and e-mail/Markdown quote marks.
+_PREFIXES = re.compile(r"""(?x)^(?:
+    \[\s*\d+\.\d+\]\s*                                               # [  12.345678]
+  | \[\s*T\d+\]\s*                                                      # [ T1946] (thread id)
+  | \[[A-Z][a-z]{2}\x20[A-Z][a-z]{2}\x20[\x20\d]\d\x20[\d:]{8}\x20\d{4}\]\s*  # dmesg -T
+  | [A-Z][a-z]{2}\x20[\x20\d]\d\x20[\d:]{8}\x20\S+\x20[\w.@/-]+(?:\[\d+\])?:\s  # syslog
+  | \d{4}-\d\d-\d\dT[\d:]{8}(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\x20\S+\x20[\w.@/-]+(?:\[\d+\])?:\s
+  | \[\d{4}-\d\d-\d\dT[\d:.]+Z?\]\s*                                   # [2025-07-15T19:41:39.043Z]
+  | kernel:\s
+  | NVRM:\s
+  | \[rank\d+\]:\s?
+  | >\s?
+)""")
+_TYPOGRAPHIC = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'",
+                              "\u2032": "'", "`": "'", "\u201c": '"', "\u201d": '"',
+                              "\u201e": '"', "\u2033": '"', "\u00a0": " ", "\u200b": None,
+                              "\ufeff": None})
+
+
+def normalise(text: str) -> str:
+    """The text as signatures see it, one message line per line.
+
+    Log prefixes go (timestamps, syslog/journal, the ``NVRM:`` every line of a wrapped kernel
+    message repeats, rank tags, quote marks), rsyslog's ``#012`` becomes the line break it
+    stands for, typographic quotes and backticks become ASCII quotes, HTML entities are decoded,
+    runs of spaces become one and empty lines are dropped. A message wrapped over several lines
+    is matched on the same text with the line breaks as spaces (see ``_search``), which keeps
+    every offset: position i is the same character in both.
+    """
+    text = html.unescape(text.replace("#012", "\n")).translate(_TYPOGRAPHIC)
+    lines = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        while (m := _PREFIXES.match(line)) and m.end():
+            line = line[m.end():].lstrip()
+        line = " ".join(line.split())
+        if line:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _search(entry: Entry, views: Mapping[str, tuple[str, str]]) -> tuple[str, re.Match[str], str] | None:
+    """The first signature of ``entry`` in the texts: each normalised text line by line, then
+    with its lines joined (a wrapped message); a pattern that spells out ``\\n`` is about
+    lines and is tried on the lines only. Returns the source, the match and the text."""
+    for source, (lines, joined) in views.items():
         for pattern in entry.match:
-            m = pattern.search(text)
-            if m:
-                return source, m
+            for text in (lines, joined) if "\\n" not in pattern.pattern else (lines,):
+                m = pattern.search(text)
+                if m:
+                    return source, m, lines
     return None
 
 
 def _line_of(text: str, m: re.Match[str]) -> str:
+    """The normalised line(s) holding the match, shortened to 200 characters."""
     start = text.rfind("\n", 0, m.start()) + 1
-    end = text.find("\n", m.end())
-    return text[start:end if end >= 0 else None].strip()[:200]
+    end = text.find("\n", max(m.end() - 1, m.start()))
+    found = text[start:end if end >= 0 else None].replace("\n", " ").strip()
+    return found if len(found) <= 200 else found[:97] + " ... " + found[-98:]
 
 
 def diagnose(texts: Mapping[str, str], facts: HostFacts | None = None, plan: Plan | None = None,
@@ -177,18 +227,22 @@ def diagnose(texts: Mapping[str, str], facts: HostFacts | None = None, plan: Pla
     ``facts``; entries with checks need facts. Ordered errors first."""
     findings: list[Finding] = []
     taken: set[str] = set()
+    views = {}
+    for source, text in texts.items():
+        lines = normalise(text)
+        views[source] = (lines, lines.replace("\n", " "))
     for entry in load_knowledge():
         if entry.group and entry.group in taken:
             continue
         values: dict[str, str] = {"host": host}
-        evidence = ""
+        evidence = matched = ""
         if entry.match:
-            hit = _search(entry, texts)
+            hit = _search(entry, views)
             if hit is None:
                 continue
-            source, m = hit
+            source, m, matched = hit
             values.update({k: v for k, v in m.groupdict().items() if v is not None})
-            evidence = f"{source}: {_line_of(m.string, m)}"
+            evidence = f"{source}: {_line_of(matched, m)}"
         if entry.when:
             if facts is None:
                 continue
@@ -198,7 +252,7 @@ def diagnose(texts: Mapping[str, str], facts: HostFacts | None = None, plan: Pla
             for p in provided:
                 values.update(p or {})
             evidence = evidence or "facts: " + ", ".join(entry.when)
-        values.update(_specifics(entry.id, values, facts, plan, host))
+        values.update(_specifics(entry.id, values, facts, plan, host, matched))
         findings.append(Finding(entry.id, entry.level, _fill(entry.diagnosis, values),
                                 _fill(entry.fix, values), evidence))
         if entry.group:
@@ -211,9 +265,13 @@ def _fill(text: str, values: Mapping[str, str]) -> str:
 
 
 def _specifics(entry_id: str, values: Mapping[str, str], facts: HostFacts | None,
-               plan: Plan | None, host: str) -> dict[str, str]:
-    """The host-specific parts of a fix: the exact wheel, the first build with an arch."""
+               plan: Plan | None, host: str, text: str = "") -> dict[str, str]:
+    """The host-specific parts of a fix: the exact wheel, the first build with an arch, who
+    holds the GPU's memory. ``text`` is the normalised text the signature was found in."""
     choice = plan.torch if plan is not None else None
+    more = _SPECIFICS.get(entry_id)
+    if more is not None:
+        return more(values, facts, plan, host, text)
     if entry_id == "torch-cpu-build":
         if choice is not None and plan is not None and plan.layout is not None and choice.cuda != "cpu":
             return {"reinstall": f"Reinstall the CUDA build the wheel rule picks for this host: "
@@ -277,6 +335,189 @@ def texts_for(facts: HostFacts | None, report: Mapping[str, Any] | None = None,
     texts.update(local_logs or {})
     texts.update(files or {})
     return texts
+
+
+# Host-specific parts of the newer entries: each takes the match's values, the facts and plan
+# (when doctor has a host), the host name and the normalised text the signature was found in.
+Specific = Callable[[Mapping[str, str], "HostFacts | None", "Plan | None", str, str],
+                    "dict[str, str]"]
+
+
+def _gpu_ref(values: Mapping[str, str]) -> str:
+    bus = values.get("bus")
+    return f"GPU {bus}" if bus else "The GPU"
+
+
+def _fabric_manager(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None,
+                    host: str, text: str) -> dict[str, str]:
+    driver = values.get("drv") or (facts.driver if facts is not None else None)
+    if not driver:
+        return {"fm_install": "Install the fabric manager of exactly the driver's version "
+                              "(`nvidia-smi` shows it): Ubuntu `apt-get install "
+                              "nvidia-fabricmanager-<branch>=<driver>-1` (from branch 580 the "
+                              "package is `nvidia-fabricmanager=<driver>-1`), RHEL family `dnf "
+                              "install nvidia-fabric-manager-<driver>`"}
+    branch = driver.split(".")[0]
+    apt = (f"nvidia-fabricmanager={driver}-1" if branch.isdigit() and int(branch) >= 580
+           else f"nvidia-fabricmanager-{branch}={driver}-1")
+    return {"fm_install": f"The driver here is {driver}: install the fabric manager of exactly "
+                          f"that version, Ubuntu `apt-get install {apt}`, RHEL family `dnf "
+                          f"install nvidia-fabric-manager-{driver}`"}
+
+
+_ECC_WHAT = {
+    "48": "an uncorrectable double-bit ECC error in its memory (Xid 48)",
+    "63": "a memory row with ECC errors, now marked for remapping (Xid 63); the spare row is "
+          "used only after a GPU reset or a reboot",
+    "64": "a failed remapping of a bad memory row (Xid 64): its spare rows are used up",
+    "94": "a contained uncorrectable ECC error (Xid 94): the process using that memory was "
+          "stopped, the GPU keeps running",
+    "95": "an uncontained uncorrectable ECC error (Xid 95): every process on the GPU is "
+          "affected and the GPU needs a reset",
+}
+
+
+def _ecc(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None, host: str,
+         text: str) -> dict[str, str]:
+    what = _ECC_WHAT.get(values.get("xid", ""), "an uncorrectable ECC error in its memory (CUDA "
+                         "reports it to the process that touched that memory)")
+    return {"gpu_ref": _gpu_ref(values), "ecc_what": what}
+
+
+def _fallen(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None, host: str,
+            text: str) -> dict[str, str]:
+    return {"gpu_ref": _gpu_ref(values)}
+
+
+def _extension(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None,
+               host: str, text: str) -> dict[str, str]:
+    """The library named before ": undefined symbol: <sym>" on the matched line."""
+    sym = values.get("sym", "")
+    line = next((ln for ln in text.splitlines() if f"undefined symbol: {sym}" in ln), "")
+    words = line.split(": undefined symbol:")[0].split()
+    name = words[-1].rsplit("/", 1)[-1] if words else ""
+    return {"so": name if ".so" in name else "A compiled extension"}
+
+
+def _gpu_holders(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None,
+                 host: str, text: str) -> dict[str, str]:
+    """Who else holds the GPU's memory: the host's GPU processes, else the ones the message
+    names ("Process 1246069 has 577.00 MiB memory in use")."""
+    busy = _busy(facts) if facts is not None else None
+    if busy:
+        return {"holders": f" On the host now: {busy['busy']}."}
+    named = re.findall(r"Process (\d+) has ([\d.]+ [KMGT]?i?B) memory in use", text)
+    if named:
+        return {"holders": " Other processes held memory on that GPU when it failed: "
+                           + ", ".join(f"pid {pid} ({size})" for pid, size in named[:5]) + "."}
+    return {"holders": ""}
+
+
+def _reinstall_torch(plan: Plan | None, host: str) -> str:
+    choice = plan.torch if plan is not None else None
+    if choice is not None and plan is not None and plan.layout is not None:
+        return (f"{plan.layout.python_bin} -m pip install --force-reinstall torch=={choice.torch} "
+                f"--index-url {choice.index_url} (or `gpu-provision -H {host} torch`)")
+    return (f"`gpu-provision -H {host} torch`, or by hand `python -m pip install "
+            "--force-reinstall torch==<version> --index-url <index>` with the index "
+            "`gpu-provision pick` names")
+
+
+def _missing_lib(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None,
+                 host: str, text: str) -> dict[str, str]:
+    lib = values.get("lib", "the library")
+    low = lib.lower()
+    if low.startswith(("libc10", "libtorch", "libcaffe2", "libshm")):
+        why = (f"{lib} is part of torch itself: the package that loads it was built for another "
+               "torch (another version, or a CUDA build where a CPU build is installed), or "
+               "torch's own files are incomplete.")
+        fix = (f"Reinstall torch ({_reinstall_torch(plan, host)}), then the package that failed, "
+               "in its build for exactly that torch.")
+    elif low.startswith("libcudart"):
+        m = re.search(r"\.so\.(\d+)", lib)
+        cuda = f"CUDA {m.group(1)}" if m else "another CUDA"
+        why = (f"The package that loads {lib} was built for {cuda}, whose runtime is not "
+               "installed (torch's wheels bring their own copy, which other packages do not see).")
+        fix = ("Install that package's build for the CUDA your torch uses (`python -c \"import "
+               "torch; print(torch.version.cuda)\"`), or add the runtime it wants from pip, e.g. "
+               f"`pip install nvidia-cuda-runtime-cu{m.group(1) if m else '12'}`.")
+    else:
+        why = (f"torch's pip wheels load {lib} from the nvidia-* pip packages "
+               "(nvidia-cudnn-cu12, nvidia-cublas-cu12, ...); they are missing or not where torch "
+               "looks (an install with --no-deps, an interrupted one, or pip splitting lib and "
+               "lib64).")
+        fix = (f"Reinstall torch with its dependencies: {_reinstall_torch(plan, host)}. Do not "
+               "point LD_LIBRARY_PATH at a system CUDA to paper over it.")
+    return {"lib_why": why, "lib_fix": fix}
+
+
+def _glibc(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None, host: str,
+           text: str) -> dict[str, str]:
+    need = values.get("need", "")
+    have = facts.glibc if facts is not None else None
+    out = {"glibc_have": f"; this host has glibc {have}" if have else ""}
+    releases = load_compat().releases
+    if have:
+        fits = [r for r in releases if r.glibc <= dotted(have)]
+    elif need:
+        fits = [r for r in releases if r.glibc < dotted(need)]
+    else:
+        fits = []
+    out["glibc_torch"] = (f"the newest torch whose wheels run there is {fits[0].version} (glibc "
+                          f"{'.'.join(map(str, fits[0].glibc))})" if fits else
+                          "no torch release in gpu-provision's table runs on it")
+    return out
+
+
+def _pip_no_match(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None,
+                  host: str, text: str) -> dict[str, str]:
+    req = values.get("req", "")
+    notes = []
+    py = re.search(r"\bPython (3\.\d+)", text) or re.search(r"\bcp3(\d+)\b", text)
+    python = (py.group(1) if py.group(1).startswith("3.") else f"3.{py.group(1)}") if py else None
+    m = re.match(r"torch(?:===?(?P<ver>\d+\.\d+(?:\.\d+)?))?(?:\+\w+)?$", req)
+    releases = load_compat().releases
+    index = re.search(r"download\.pytorch\.org/whl/(cu\d+|cpu|rocm[\d.]+)\b", text)
+    if m:
+        if m.group("ver"):
+            rel = next((r for r in releases if str(r.version) == m.group("ver")), None)
+            what = f"torch {m.group('ver')}"
+        elif index:
+            rel = next((r for r in releases if index.group(1) in r.variants), None)
+            what = f"the newest torch on the {index.group(1)} index, {rel.version}," if rel else ""
+        else:
+            rel, what = releases[0], f"the newest torch, {releases[0].version},"
+        if rel is not None:
+            lo, hi = (".".join(map(str, v)) for v in rel.python)
+            notes.append(f"{what} has wheels for Python {lo} to {hi}")
+    if python:
+        notes.append(f"the Python in this log is {python}")
+    if plan is not None and plan.torch is not None:
+        notes.append(f"the wheel rule picks {plan.torch.label} for this host")
+    return {"pip_note": (" (" + "; ".join(notes) + ")") if notes else ""}
+
+
+def _forward_compat(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None,
+                    host: str, text: str) -> dict[str, str]:
+    if facts is not None and facts.driver and facts.driver_cuda:
+        return {"driver_cuda_text": f" This host's driver {facts.driver} supports CUDA "
+                                    f"{facts.driver_cuda} natively."}
+    return {"driver_cuda_text": ""}
+
+
+_SPECIFICS: dict[str, Specific] = {
+    "fabric-manager-version": _fabric_manager,
+    "fabric-manager-not-running": _fabric_manager,
+    "gpu-ecc-error": _ecc,
+    "gpu-fallen-off-bus": _fallen,
+    "cuda-oom": _gpu_holders,
+    "cublas-not-initialized": _gpu_holders,
+    "cuda-lib-missing": _missing_lib,
+    "torch-extension-abi": _extension,
+    "glibc-too-old": _glibc,
+    "pip-no-matching-distribution": _pip_no_match,
+    "cuda-forward-compat": _forward_compat,
+}
 
 
 def read_logs(names: Sequence[str]) -> dict[str, str]:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from .command import bash_script
 from .errors import RemoteError
-from .executor import NO_EXIT_STATUS, Executor
 from .facts.host import HostFacts, parse_facts
 from .facts.nvidia import QUERY_FIELDS
 from .facts.platform import PlatformMarkers
 from .inventory import Target
 from .recipes import Platform, all_platforms
 from .templating import render
+
+if TYPE_CHECKING:  # the facts script renders where Fabric is not installed (bench/device_check.sh)
+    from .executor import Executor
 
 JOURNAL_DIR = ".gpu-provision"  # under the remote $HOME: steps/<step>.json, logs/, locks/
 CONDA_PREFIXES = ("/root/miniconda3", "/root/anaconda3", "/opt/conda", "/opt/miniconda3")
@@ -48,6 +51,8 @@ def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (
 
 def gather(ex: Executor, target: Target | None = None, step_logs: bool = False) -> HostFacts:
     """ONE remote execution; the parse happens locally."""
+    from .executor import NO_EXIT_STATUS
+
     platforms = all_platforms()
     result = ex.run(bash_script(facts_script(platforms, data_dirs(platforms, target), step_logs)),
                     step="facts", check=False)

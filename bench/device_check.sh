@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# bench/device_check.sh [OUTDIR]: our remote side, run on THIS machine with no SSH.
+#
+# 1. facts:    renders the facts script (provision.gather.facts_script with the shipped
+#              platforms), runs it with bash, parses it (parse_facts(...).as_json()).
+# 2. validate: renders templates/validate.sh.j2 with the config the validate step computes
+#              (validation_config for these facts and the default recipe) and runs it with bash.
+# 3. bench:    renders templates/bench.sh.j2 like the bench step (no mirrors: nothing is
+#              downloaded) and runs it with bash.
+#
+# Both run "$PYTHON" (default python3, which must have torch) the way the steps run the env's
+# python. Every part has a time limit; a part that fails is recorded (exit code, stderr tail)
+# and the next runs. Files, flat in OUTDIR (default $OUT): facts-stdout.json, facts.json,
+# validate-stdout.txt, validate.json, bench-stdout.txt, bench.json, summary.json. One summary
+# line per part on stdout; exit 0 when every part ran and its JSON parsed.
+#
+# Needs bash, coreutils' timeout and a python with jinja2, pyyaml and packaging (Fabric and
+# paramiko are not needed: nothing here connects anywhere). Each step script writes what it
+# reports to $RESULT, as under the step runtime: here validate.result and bench.result.
+#
+# Limits (seconds): FACTS_TIMEOUT (120), VALIDATE_TIMEOUT (240), BENCH_TIMEOUT (240).
+set -u
+
+out=${1:-${OUT:-}}
+if [ -z "$out" ]; then
+  echo "usage: $0 OUTDIR   (or set OUT)" >&2
+  exit 2
+fi
+mkdir -p "$out" || exit 2
+out=$(cd "$out" && pwd)
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+py=${PYTHON:-python3}
+work=$(mktemp -d "${TMPDIR:-/tmp}/device-check.XXXXXX") || exit 2
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/home/.gpu-provision" "$work/data"
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1
+all_ok=1
+
+# run PART LIMIT COMMAND...: stdout -> $work/PART.out, stderr -> $work/PART.err, rc and time.
+run() {
+  local part=$1 limit=$2 start
+  shift 2
+  start=$(date +%s.%N)
+  timeout -k 10 "$limit" "$@" >"$work/$part.out" 2>"$work/$part.err"
+  echo $? >"$work/$part.rc"
+  awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }' >"$work/$part.seconds"
+}
+
+# -- 1. facts ---------------------------------------------------------------------------------
+run facts-render 60 "$py" -c 'import sys
+
+from provision.gather import facts_script
+from provision.recipes import all_platforms
+sys.stdout.write(facts_script(all_platforms(), (sys.argv[1],)))' "$work/data"
+cp "$work/facts-render.out" "$work/facts.sh"
+run facts "${FACTS_TIMEOUT:-120}" bash "$work/facts.sh"
+cp "$work/facts.out" "$out/facts-stdout.json"
+run facts-parse 60 "$py" -c 'import sys
+
+import json
+from provision.facts.host import parse_facts
+from provision.gather import markers_of
+from provision.recipes import all_platforms
+doc = json.load(open(sys.argv[1]))
+facts = parse_facts(doc, markers_of(all_platforms()))
+json.dump(facts.as_json(), open(sys.argv[2], "w"), indent=1, default=str)' \
+  "$work/facts.out" "$out/facts.json"
+
+# -- 2 and 3. the step scripts, rendered as the steps render them ----------------------------
+run render-steps 60 "$py" -c 'import sys
+
+import json
+from provision.facts.host import parse_facts
+from provision.gather import markers_of
+from provision.inventory import Target, settings_for
+from provision.ops.validate import validation_config
+from provision.paths import templates_dir
+from provision.recipes import all_platforms
+from provision.templating import render
+work, py = sys.argv[1], sys.argv[2]
+try:
+    facts = parse_facts(json.load(open(work + "/facts.out")), markers_of(all_platforms()))
+except Exception as exc:  # no facts: validate in CPU mode all the same, and say so
+    print(f"no facts ({exc!r}): validating without a GPU count", file=sys.stderr)
+    config = {"expected_gpus": 0, "advertised": None, "thresholds": {}, "reference": {},
+              "data_dir": work + "/data"}
+else:
+    settings = settings_for(Target(name="device-check", host="localhost"), facts.platform,
+                            {"data_dir": work + "/data"})
+    config = validation_config(facts, settings)
+script = (templates_dir() / "validate_gpu.py").read_text()
+open(work + "/validate.sh", "w").write(render(
+    "validate.sh.j2", python_bin=py, script=script, config=json.dumps(config, sort_keys=True),
+    expected="{}", inputs="device-check"))
+bench = {"data_dir": work + "/data", "mirrors": [], "download_mb": 1, "download_timeout": 5}
+open(work + "/bench.sh", "w").write(render(
+    "bench.sh.j2", python_bin=py, validate_script=script,
+    bench_script=(templates_dir() / "bench_gpu.py").read_text(),
+    config=json.dumps(bench, sort_keys=True)))' "$work" "$(command -v "$py" || echo "$py")"
+
+run validate "${VALIDATE_TIMEOUT:-240}" env HOME="$work/home" RESULT="$work/validate.result" \
+  bash "$work/validate.sh"
+cp "$work/validate.out" "$out/validate-stdout.txt"
+run bench "${BENCH_TIMEOUT:-240}" env HOME="$work/home" RESULT="$work/bench.result" \
+  bash "$work/bench.sh"
+cp "$work/bench.out" "$out/bench-stdout.txt"
+
+# -- the parsed results and the summary -----------------------------------------------------
+# (stdlib only: when "$py" cannot run at all, python3 writes the summary)
+sumpy=$py
+"$sumpy" -c '' 2>/dev/null || sumpy=python3
+"$sumpy" - "$work" "$out" <<'PY' || all_ok=0
+import json, platform, sys, time
+work, out = sys.argv[1], sys.argv[2]
+
+def part(name):
+    def read(ext, default=""):
+        try:
+            return open(f"{work}/{name}.{ext}", errors="replace").read()
+        except OSError:
+            return default
+    rc = read("rc").strip()
+    return {"rc": int(rc) if rc.lstrip("-").isdigit() else None,
+            "seconds": float(read("seconds") or 0), "stderr_tail": read("err")[-4000:]}
+
+def result_of(name):
+    try:
+        return json.load(open(f"{work}/{name}.result"))
+    except (OSError, ValueError):
+        return None
+
+parts = {n: part(n) for n in ("facts-render", "facts", "facts-parse", "render-steps",
+                              "validate", "bench")}
+lines = []
+try:
+    facts = json.load(open(f"{out}/facts.json"))
+    gpus = ", ".join(g["name"] for g in facts["gpus"]) or "no GPU"
+    what = f"{len(facts['gpus'])} GPU(s): {gpus}; driver {facts['driver']}, CUDA " \
+           f"{facts['driver_cuda']}; {facts['nvidia_detail']}"
+    ok = all(parts[p]["rc"] == 0 for p in ("facts-render", "facts", "facts-parse"))
+except (OSError, ValueError, KeyError, TypeError) as exc:
+    what, ok = f"no parsed facts ({exc.__class__.__name__})", False
+parts["facts"]["ok"] = ok
+lines.append(f"facts: {'done' if ok else 'FAILED'} (rc {parts['facts']['rc']}, "
+             f"{parts['facts']['seconds']}s): {what}")
+
+for name, path in (("validate", "validate.json"), ("bench", "bench.json")):
+    p = parts[name]
+    result = result_of(name)
+    p["ok"] = p["rc"] == 0 and result is not None
+    if result is not None:
+        json.dump(result, open(f"{out}/{path}", "w"), indent=1)
+    if result is None:
+        why = (p["stderr_tail"].strip().splitlines() or ["no result written"])[-1][:200]
+        if parts["render-steps"]["rc"] != 0:
+            why = "the step scripts were not rendered: " + \
+                  (parts["render-steps"]["stderr_tail"].strip().splitlines() or ["?"])[-1][:160]
+        what = why
+    elif name == "validate":
+        bad = [c for c in result.get("checks", []) if c.get("status") != "pass"]
+        what = f"verdict {result.get('verdict')} ({result.get('mode')}, torch {result.get('torch')})" \
+               + (f"; {bad[0]['name']}: {bad[0]['reason']}" if bad else "")
+    else:
+        tf = ", ".join(f"{k} {v}" for k, v in (result.get("tflops") or {}).items())
+        what = f"{result.get('mode')}, torch {result.get('torch')}; TFLOPS {tf or '-'}; " \
+               f"train {result.get('train_samples_s')} samples/s" \
+               + (f"; {result['notes'][0]}" if result.get("notes") else "")
+    lines.append(f"{name}: {'done' if p['ok'] else 'FAILED'} (rc {p['rc']}, {p['seconds']}s): "
+                 f"{what[:300]}")
+
+summary = {"host": platform.node(), "python": sys.executable, "at": time.strftime(
+    "%Y-%m-%dT%H:%M:%S%z"), "parts": parts, "lines": lines,
+    "ok": all(parts[n].get("ok") for n in ("facts", "validate", "bench"))}
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
+print("\n".join(lines))
+sys.exit(0 if summary["ok"] else 1)
+PY
+[ $all_ok = 1 ] && exit 0 || exit 1
