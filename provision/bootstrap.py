@@ -72,11 +72,14 @@ class Reconnect:
 
 
 def reboot_and_wait(ex: Executor, old_boot_id: str, again: Reconnect,
-                    console: Console) -> tuple[Executor, Plan]:
-    """Reboot, wait for SSH with backoff, and require a NEW boot id (the facts say so)."""
+                    console: Console) -> tuple[Executor, Plan, int]:
+    """Reboot, wait for SSH with backoff, and require a NEW boot id (the facts say so).
+    Returns the new connection, the plan from its facts, and the remote executions spent on
+    the connections it closed (the old one, and any that still saw the old boot)."""
     ex.run(bash_script("nohup sh -c 'sleep 1; reboot' >/dev/null 2>&1 &"), step="reboot",
            check=False)
     ex.conn.close()
+    spent = ex.executions
     deadline = time.monotonic() + REBOOT_TIMEOUT
     delay = 2.0
     time.sleep(delay)
@@ -91,8 +94,9 @@ def reboot_and_wait(ex: Executor, old_boot_id: str, again: Reconnect,
             plan = again.replan(new)
             assert plan.facts is not None
             if plan.facts.boot_id and plan.facts.boot_id != old_boot_id:
-                return new, plan
+                return new, plan, spent
             new.conn.close()  # still the old boot: the reboot has not happened yet
+            spent += new.executions
         time.sleep(delay)
         delay = min(delay * 2, 15)
     raise ProvisionError(f"{ex.host}: did not come back with a new boot id within "
@@ -180,8 +184,8 @@ def _settle(ex: Executor, plan: Plan, step: Step, outcome: Outcome, out: Applied
     if outcome.reboot:
         console.print(f"{ex.host}: rebooting (the module cannot load without it) ...")
         started = time.monotonic()
-        out.executions += ex.executions
-        ex, plan = reboot_and_wait(ex, plan.facts.boot_id, again, console)
+        ex, plan, spent = reboot_and_wait(ex, plan.facts.boot_id, again, console)
+        out.executions += spent
         out.steps.append(StepRecord("reboot", "ok", time.monotonic() - started))
     else:
         plan = again.replan(ex)

@@ -326,10 +326,15 @@ def _choice(rel: Release, variant: str, base: str, reasons: list[str],
 
 
 def _no_cpu_message(releases: list[Release], python: str, glibc: str | None) -> str:
+    """Say which of Python and glibc rules every release out (glibc only when it is why)."""
     lo = min(r.python[0] for r in releases)
     hi = max(r.python[1] for r in releases)
-    msg = f"no torch release for python {python} (these releases cover {_ver(lo)}..{_ver(hi)})"
-    return msg + (f" and glibc {glibc}" if glibc else "")
+    py = dotted(python)[:2]
+    if lo[:2] <= py <= hi[:2] and glibc:
+        oldest = min(r.glibc_for("cpu") for r in releases)
+        return (f"no torch release runs on glibc {glibc} with python {python} (these releases "
+                f"need glibc >= {_ver(oldest)})")
+    return f"no torch release for python {python} (these releases cover {_ver(lo)}..{_ver(hi)})"
 
 
 def first_build_with(cc: tuple[int, int]) -> tuple[str, str, str] | None:

@@ -83,6 +83,9 @@ def driver_branch(caps: list[tuple[int, int]], facts: HostFacts | None = None
         return CURRENT_BRANCH, True, "Blackwell needs the open kernel modules and >= R570"
     if any(c < (7, 5) for c in caps):
         return CURRENT_BRANCH, False, "Maxwell/Pascal/Volta end at branch 580 (proprietary modules)"
+    if not caps:  # the open modules need Turing or newer; the proprietary ones run on all of them
+        return CURRENT_BRANCH, False, ("the GPU's model is unknown to the data: the proprietary "
+                                       "modules, which run on every generation branch 580 has")
     return CURRENT_BRANCH, True, "Turing and newer: open kernel modules (NVIDIA's default since R560)"
 
 
@@ -181,16 +184,22 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
             blocked = f"{exc}: install the NVIDIA driver by hand, then run bootstrap again"
     elif driver_decision.action == "reboot":
         steps.append(driver_ops.reboot_step(facts, driver_decision.reason))
-    if secrets:
-        steps.append(secrets_step(facts, secrets, secrets_digest))
     steps += [conda_step(facts, settings, lay), env_step(facts, settings, lay)]
     if torch is not None:
         steps += [torch_step(facts, settings, lay, torch), packages_step(facts, settings, lay)]
     elif blocked:
         steps.append(nothing("torch", f"blocked: {blocked}"))
-    # validation runs after any change, or when asked; otherwise it may be skipped (see ops)
+    # validation runs after any change it checks, or when asked; otherwise it may be skipped
     steps.append(validate_ops.validate_step(facts, lay, settings, torch,
                                             always=revalidate or any(s.changes for s in steps)))
+    if secrets:  # tokens change nothing validation measures
+        steps.insert(1 if steps[0].name == "driver" else 0,
+                     secrets_step(facts, secrets, secrets_digest))
+    if blocked:  # bootstrap runs nothing then: the plan says so instead of promising work
+        steps = [nothing(s.name, f"not run while blocked (would {s.label})") if s.changes else s
+                 for s in steps]
+        decisions = [Decision(d.step, None, f"not run while blocked (would {d.action}): {d.reason}")
+                     if d.changes else d for d in decisions]
     decisions += [Decision(s.name, s.label if s.changes else None, s.reason)
                   for s in steps if s.name != "driver"]
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,

@@ -181,20 +181,31 @@ def parse_mirrors(text: str) -> dict[str, str]:
     return found
 
 
+CHIP_RE = re.compile(r"^(G[A-Z]\d{3}|TU\d{3}|AD\d{3})")  # lspci's chip: GK107M, TU102GL, AD102
+
+
 def cc_from_name(name: str) -> str | None:
-    """Compute capability from the GPU name, for drivers whose nvidia-smi lacks compute_cap."""
-    table: Mapping[str, str] = load_gpu_ccs()
+    """Compute capability from a GPU's name: lspci's chip (``GK107M [GeForce GT 750M]``) when
+    there is one, else the marketing name (nvidia-smi's, for drivers without compute_cap)."""
+    chips, names = load_gpu_ccs()
+    m = CHIP_RE.match(name.strip())
+    if m:
+        for key in sorted(chips, key=len, reverse=True):
+            if m.group(1).startswith(key):
+                return chips[key]
     low = name.lower()
-    for key in sorted(table, key=len, reverse=True):
+    for key in sorted(names, key=len, reverse=True):
         if key in low:
-            return table[key]
+            return names[key]
     return None
 
 
 @cache
-def load_gpu_ccs() -> Mapping[str, str]:
+def load_gpu_ccs() -> tuple[Mapping[str, str], Mapping[str, str]]:
+    """(chip prefix -> cc, lower-case name fragment -> cc) from provision/data/gpus.yaml."""
     raw = yaml.safe_load(resources.files("provision.data").joinpath("gpus.yaml").read_text())
-    return {k.lower(): str(v["cc"]) for k, v in raw["gpus"].items()}
+    return ({k: str(v["cc"]) for k, v in raw["chips"].items()},
+            {k.lower(): str(v["cc"]) for k, v in raw["gpus"].items()})
 
 
 def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers] = ()) -> HostFacts:

@@ -16,13 +16,21 @@ REBOOT_BODY = ("echo 'NEEDS_REBOOT (NVML does not match the loaded module)'\n"
                "echo '{\"reboot\": true}' > \"$RESULT\"")
 
 
+# Enterprise Linux and its rebuilds by os-release ID: ELRepo serves release 7, NVIDIA's CUDA repo
+# 8 to 10. Others of the yum family that call themselves "like rhel" (Amazon Linux 2 says
+# ID_LIKE="centos rhel fedora" with VERSION_ID 2; Alibaba Cloud Linux, openEuler, TencentOS)
+# number their releases otherwise and are served by neither.
+EL_IDS = ("rhel", "centos", "rocky", "almalinux", "ol")
+
+
 def family(facts: HostFacts) -> str:
     """``apt``, ``el7`` (yum + ELRepo) or ``el`` (dnf + NVIDIA's repo)."""
     if facts.os.family == "apt":
         return "apt"
-    if facts.os.family == "yum" and (facts.os.major or 0) <= 7:
+    el = facts.os.id in EL_IDS
+    if el and facts.os.major == 7:
         return "el7"
-    if facts.os.family == "yum":
+    if el and facts.os.major in (8, 9, 10):
         return "el"
     raise ValueError(f"no driver install path for {facts.os.label}")
 

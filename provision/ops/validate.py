@@ -43,9 +43,12 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
     body = render("validate.sh.j2", python_bin=lay.python_bin, script=script,
                   config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
                   inputs=h)
-    what = f"{expected} GPU(s)" if expected else "CPU mode"
     also = "; TFLOPS and bandwidth against the datasheet" if config["reference"] else ""
-    return Step("validate", f"{what}: torch imports, sees every GPU, matmul matches the CPU{also}",
+    what = f"{expected} GPU(s): torch imports, sees every GPU, matmul matches the CPU{also}" \
+        if expected else "CPU mode: torch imports, the CPU build, a matmul on the CPU" \
+        if not facts.has_nvidia_gpu else \
+        "the GPUs nvidia-smi sees once the driver answers: torch imports, sees every GPU, matmul"
+    return Step("validate", what,
                 action="run validate_gpu.py", body=body, inputs=h, read=read_validation)
 
 

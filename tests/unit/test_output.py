@@ -1,0 +1,105 @@
+"""What the user reads, rendered to a buffer and compared with a snapshot (tests/snapshots/).
+
+The inputs are captured facts, plan case files, constructed validation measurements judged by
+the real judge, real doctor findings and the published bench reports. After a deliberate change
+of the output, regenerate with GPU_PROVISION_UPDATE_SNAPSHOTS=1 and review the diff.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from provision import output
+from provision.bootstrap import Applied, StepRecord
+from provision.compare import rows
+from provision.compat import choose_torch
+from provision.doctor import diagnose
+from provision.paths import templates_dir
+from tests.cases import CASES, captured, case_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOTS = ROOT / "tests" / "snapshots"
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def rendered(draw: Callable[[Console], None], width: int = 100) -> str:
+    buf = io.StringIO()
+    draw(Console(file=buf, width=width, color_system=None, force_terminal=False,
+                 highlight=False, soft_wrap=True))
+    return buf.getvalue()
+
+
+def check(name: str, text: str) -> None:
+    path = SNAPSHOTS / f"{name}.txt"
+    if os.environ.get("GPU_PROVISION_UPDATE_SNAPSHOTS") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no snapshot {path}: run with GPU_PROVISION_UPDATE_SNAPSHOTS=1"
+    assert text == path.read_text()
+
+
+def judged(fixture: str) -> dict[str, object]:
+    """A validation report: the fixture's measurements through validate_gpu.py's own judge."""
+    spec = importlib.util.spec_from_file_location("validate_gpu", str(templates_dir() / "validate_gpu.py"))
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    case = json.loads((FIXTURES / "validation" / fixture).read_text())
+    return mod.report(case["measurements"], case["config"], 41.2)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("capture", ["h200", "autodl-bootstrapped", "ubuntu-20.04-nodriver"])
+def test_facts_table(capture: str) -> None:
+    check(f"facts-{capture}", rendered(lambda c: output.facts_table(capture, captured(capture), out=c)))
+
+
+@pytest.mark.parametrize("case", ["cpu-fresh", "rtx4090-550-torch-2.8-minor-compat",
+                                  "kepler-nodriver-refused", "cpu-bootstrapped-noop"])
+def test_plan_table(case: str) -> None:
+    plan = case_plan(CASES / "plan" / f"{case}.yaml")[1]
+    check(f"plan-{case}", rendered(lambda c: output.plan_table(plan, out=c)))
+
+
+def test_choice_text() -> None:
+    choice = choose_torch(driver="550.54.14", compute_caps=["8.9"], python="3.10")
+    check("pick-550-sm89-py310", rendered(lambda c: output.choice_text(choice, out=c)))
+
+
+@pytest.mark.parametrize("fixture", ["rtx4090-healthy.json", "rtx4090-throttled.json",
+                                     "a100-advertised-as-h100.json"])
+def test_verdict_table(fixture: str) -> None:
+    report = judged(fixture)
+    check(f"verdict-{fixture.removesuffix('.json')}", rendered(
+        lambda c: output.verdict_table("box", report, "reports/box/validate-20261201-120000.json",
+                                       out=c)))
+
+
+def test_steps_table() -> None:
+    applied = Applied(host="box", steps=[StepRecord("driver", "ok", 61.2),
+                                         StepRecord("reboot", "ok", 48.0),
+                                         StepRecord("conda", "skipped", 0.0),
+                                         StepRecord("torch", "ok", 171.9)], executions=6)
+    check("steps", rendered(lambda c: output.steps_table(applied, out=c)))
+
+
+def test_findings_table() -> None:
+    text = (FIXTURES / "nvidia-smi" / "fail-nvml-mismatch-550.144.txt").read_text()
+    findings = diagnose({"traceback.txt": text}, host="box")
+    check("doctor-nvml-mismatch", rendered(lambda c: output.findings_table("box", findings, out=c)))
+    check("doctor-nothing", rendered(lambda c: output.findings_table("box", [], out=c)))
+
+
+def test_compare_table() -> None:
+    reports = [(str(p), json.loads(p.read_text()))
+               for p in sorted((ROOT / "bench" / "published").glob("*.json"))]
+    table = rows(reports, lambda r: (r.get("price_per_hour"), r.get("currency")))
+    notes = sorted({str(r["published"]) for _, r in reports if r.get("published")})
+    check("compare-published", rendered(lambda c: output.compare_table(table, notes, out=c), 160))
