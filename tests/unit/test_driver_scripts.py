@@ -248,10 +248,6 @@ def test_centos7_elrepo(tmp_path: Path, branch: int, kmod: str, x11: str) -> Non
     assert (repo.parent / "CentOS-Base.repo.bak").read_text() == original
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "driver.sh.j2 rewrites '#baseurl=http://mirror.centos.org/centos' to the vault base, which "
-    "leaves '/$releasever/' in the path: https://vault.centos.org/7.9.2009/7/os/x86_64/ does not "
-    "exist (the vault's layout is 7.9.2009/os/$basearch/), so every yum call after it fails"))
 def test_centos7_repos_move_to_the_vault(tmp_path: Path) -> None:
     """The real CentOS-Base.repo, rewritten: no mirrorlist (mirrorlist.centos.org is gone) and every
     baseurl on vault.centos.org/7.9.2009/<repo>/$basearch/, the vault's layout."""
