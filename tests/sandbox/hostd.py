@@ -82,6 +82,7 @@ class Host:
 
     def reboot(self) -> None:
         (self.lib / "reboot-request").unlink()
+        time.sleep(0.5)  # the shutdown starts asynchronously: the caller of reboot returns first
         self.kill_all()
         state_path = self.lib / "state.json"
         st = json.loads(state_path.read_text())

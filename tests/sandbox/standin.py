@@ -46,8 +46,11 @@ class State:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         with open(STATE) as f:
             self.data = json.load(f)
+        self.before = json.dumps(self.data, sort_keys=True)
 
     def save(self) -> None:
+        if json.dumps(self.data, sort_keys=True) == self.before:
+            return  # a read-only call leaves the host's files as they were
         tmp = STATE + ".tmp"
         with open(tmp, "w") as f:
             json.dump(self.data, f, indent=1)
@@ -846,6 +849,8 @@ def main() -> int:
     log_call(tool, args)
     if tool == "uname":  # no state: called often, and by ubuntu-drivers' apt-get under its lock
         return uname(args, {})
+    if tool in ("reboot", "shutdown"):  # like systemctl reboot: ask, and return at once
+        return reboot(args, {})
     if os.environ.get("GPU_SANDBOX_STATE_LOCKED") == "1":
         # run by ubuntu-drivers, which holds the state lock and saved the state for us
         os.environ.pop("GPU_SANDBOX_STATE_LOCKED")
