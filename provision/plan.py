@@ -120,9 +120,11 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     elif facts.nvidia_state == "ok" and facts.driver:
         try:
             torch = pick(facts.driver, facts.driver_cuda)
+            owner = "" if touchable else \
+                f"; {platform.name} owns the driver (never touched on a {platform.kind})"
             decisions.append(Decision("driver", None,
                                       f"driver {facts.driver} loaded (CUDA <= {facts.driver_cuda}, "
-                                      f"{facts.driver_cuda_source}); enough for {torch.label}"))
+                                      f"{facts.driver_cuda_source}); enough for {torch.label}{owner}"))
         except NoWheelError as exc:
             if touchable:
                 branch, open_mod, why = driver_branch(caps, facts)

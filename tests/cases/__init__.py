@@ -47,7 +47,8 @@ def case_plan(path: Path) -> tuple[dict[str, Any], Plan]:
     Keys: ``facts`` (a capture in facts/), ``probes`` (captured outputs replaced), ``inventory``
     (keys changed from the settings the capture was provisioned with; null removes one),
     ``cli`` (command-line overrides), ``push`` (tokens pushed: name -> value), ``revalidate``,
-    and ``expect`` (see test_plan_cases.py).
+    ``later`` (the host's clock, seconds after the capture), ``done`` (steps the journal records
+    as run with the inputs planned now), and ``expect`` (see test_plan_cases.py).
     """
     case: dict[str, Any] = yaml.safe_load(path.read_text())
     return case, plan_for(case, path.stem)
@@ -55,7 +56,22 @@ def case_plan(path: Path) -> tuple[dict[str, Any], Plan]:
 
 def plan_for(case: Mapping[str, Any], name: str) -> Plan:
     """The plan made from a case's inputs (see case_plan)."""
-    facts = captured(case["facts"], case.get("probes"))
+    probes = dict(case.get("probes") or {})
+    if case.get("later"):  # the host's clock, some seconds after the capture
+        now = float(raw(case["facts"])["probes"]["now"]["out"])
+        probes["now"] = str(int(now + float(case["later"])))
+    plan = _plan(case, name, probes)
+    if case.get("done"):  # the journal records these steps as run, with the inputs planned now
+        lines = [json.dumps({"step": s.name, "inputs": s.inputs, "result": "ok", "exit": 0,
+                             "seconds": 1, "at": 0}) for s in plan.steps if s.name in case["done"]]
+        journal = raw(case["facts"], probes)["probes"]["journal"]["out"]
+        probes["journal"] = "\n".join([journal, *lines]).strip("\n")
+        plan = _plan(case, name, probes)
+    return plan
+
+
+def _plan(case: Mapping[str, Any], name: str, probes: Mapping[str, Any]) -> Plan:
+    facts = captured(case["facts"], probes)
     base = FACTS / f"{case['facts']}.inventory.yaml"
     inventory = yaml.safe_load(base.read_text()) if base.exists() else {}
     for key, value in (case.get("inventory") or {}).items():

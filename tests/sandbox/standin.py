@@ -1,32 +1,40 @@
-#!/usr/bin/python3 -I
-"""Stand-ins for what a sandbox host cannot have: the GPU, the kernel driver, reboot, and the
-package tools of distros this machine does not run.
+#!/usr/bin/python3 -Iu
+"""Stand-ins for what a sandbox host cannot have: the GPU, the kernel driver, the kernel's
+identity, reboot, and the package tools of distros this machine does not run.
 
 One multi-call script, dispatched on the name it is called by (a symlink per tool). Each call is
 appended to ``/var/lib/gpu-sandbox/calls.log`` (one JSON line: tool, argv, time) for tests to
-read, and simulates its effect in ``/var/lib/gpu-sandbox/state.json``: installing an NVIDIA
-driver package makes the next boot (or ``modprobe nvidia``) load that driver. nvidia-smi replays
-the captured real outputs of the profile's GPU in ``/var/lib/gpu-sandbox/fixtures/``.
+read. Every answer comes from captured real outputs and real package data in
+``/var/lib/gpu-sandbox/fixtures/`` (cited in tests/fixtures/SOURCES.md), and every failure is the
+real tool's failure, with its message and exit code:
+
+- the package tools know exactly the packages of the profile's release (``packages.txt``: name,
+  version, the packages it pulls in, whether it ships nvidia-smi or an nvidia.ko); an unknown
+  name or verb fails as apt-get, yum or dnf fail. Installing simulates the effect in
+  ``state.json``: a DKMS package gives a loadable module only where the headers of the running
+  kernel are installed, a precompiled kmod always; a package that ships nvidia-smi puts it on PATH;
+- ``ubuntu-drivers`` replays the host's captured ``ubuntu-drivers devices`` and installs the way
+  ubuntu-drivers-common's own code does (its exit status included);
+- ``nvidia-smi`` answers queries from rows built from captures of the profile's GPU, with the
+  loaded driver's version and the CUDA version nvidia-smi shows for that driver branch;
+- ``lspci`` replays its capture, with the kernel driver lines as the driver state makes them.
 """
 
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import io
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 
 ROOT = "/var/lib/gpu-sandbox"
 STATE = f"{ROOT}/state.json"
 STANDIN = "/usr/local/lib/gpu-sandbox/standin.py"
-
-# Driver branch -> the release a stand-in package installs (versions seen in the captures).
-BRANCH_VERSION = {"470": "470.256.02", "535": "535.183.01", "550": "550.144.03",
-                  "560": "560.35.03", "570": "570.195.03", "575": "575.57.08",
-                  "580": "580.82.09", "590": "590.48.01", "595": "595.71.05"}
 # nvidia-smi exit codes are NVML return codes.
 FAIL_RC = {"not_loaded": 9, "nvml_mismatch": 18, "no_devices": 6, "gpu_lost": 15,
            "unknown_error": 255}
@@ -38,8 +46,11 @@ class State:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         with open(STATE) as f:
             self.data = json.load(f)
+        self.before = json.dumps(self.data, sort_keys=True)
 
     def save(self) -> None:
+        if json.dumps(self.data, sort_keys=True) == self.before:
+            return  # a read-only call leaves the host's files as they were
         tmp = STATE + ".tmp"
         with open(tmp, "w") as f:
             json.dump(self.data, f, indent=1)
@@ -59,6 +70,608 @@ def fixture(name: str) -> str:
         return f.read()
 
 
+def err(*lines: str) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernel's identity: uname from the profile's captured `uname -a`
+
+
+def kernel_release() -> str:
+    return os.uname().release if not os.path.exists(f"{ROOT}/fixtures/uname.txt") else \
+        fixture("uname.txt").split()[2]
+
+
+def uname(args: list[str], st: dict) -> int:
+    """``Linux NODE RELEASE VERSION... MACHINE PROCESSOR PLATFORM GNU/Linux``: the kernel fields
+    replay the capture, the node name is this host's own."""
+    words = fixture("uname.txt").split()
+    release, machine = words[2], words[-4]
+    version = " ".join(words[3:-4])
+    fields = {"-s": "Linux", "-n": os.uname().nodename, "-r": release, "-v": version,
+              "-m": machine, "-p": words[-3], "-i": words[-2], "-o": words[-1]}
+    long = {"--kernel-name": "-s", "--nodename": "-n", "--kernel-release": "-r",
+            "--kernel-version": "-v", "--machine": "-m", "--processor": "-p",
+            "--hardware-platform": "-i", "--operating-system": "-o", "--all": "-a"}
+    flags: list[str] = []
+    for a in args or ["-s"]:
+        a = long.get(a, a)
+        if not re.fullmatch(r"-[snrvmpioa]+", a):
+            err(f"uname: invalid option -- '{a.lstrip('-')[:1]}'",
+                "Try 'uname --help' for more information.")
+            return 1
+        flags += [f"-{c}" for c in a[1:]]
+    order = ["-s", "-n", "-r", "-v", "-m", "-p", "-i", "-o"]
+    wanted = order if "-a" in flags else [f for f in order if f in flags]
+    print(" ".join(fields[f] for f in wanted))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the package data of the profile's release
+
+
+class Pkg:
+    def __init__(self, line: str) -> None:
+        words = line.split()
+        self.name, self.version = words[0], words[1]
+        attrs = dict(w.split("=", 1) for w in words[2:])
+        self.arch = attrs.get("arch", "amd64")
+        self.repo = attrs.get("repo", "")
+        self.epoch = attrs.get("epoch", "0")
+        self.deps = [d for d in attrs.get("dep", "").split(",") if d]
+        self.ships = set(attrs.get("ships", "").split(",")) - {""}
+        self.modules = [m for m in attrs.get("module", "").split(",") if m]
+        self.enables = attrs.get("enables", "")
+
+    @property
+    def upstream(self) -> str:
+        """The driver version in the package version: 580.126.20 in 580.126.20-0ubuntu0.20.04.1."""
+        return self.version.split("-")[0]
+
+    def nvra(self) -> str:
+        return f"{self.name}-{self.version}.{self.arch}"
+
+    def rpm_names(self) -> set[str]:
+        """Every spelling yum and dnf accept for it: name, name.arch, name-version[-release][.arch]."""
+        v, r = (self.version.split("-", 1) + [""])[:2]
+        out = {self.name, f"{self.name}.{self.arch}", f"{self.name}-{v}", f"{self.name}-{v}-{r}",
+               f"{self.name}-{v}-{r}.{self.arch}", f"{self.name}-{self.epoch}:{v}-{r}"}
+        return out
+
+
+def catalog() -> list[Pkg]:
+    if not os.path.exists(f"{ROOT}/fixtures/packages.txt"):
+        return []
+    return [Pkg(ln) for ln in fixture("packages.txt").splitlines()
+            if ln.strip() and not ln.startswith("#")]
+
+
+def installed(st: dict) -> dict[str, dict]:
+    return st.setdefault("pkgdb", {}).setdefault("installed", {})
+
+
+def closure(st: dict, chosen: list[Pkg], pick) -> tuple[list[Pkg], list[tuple[str, Pkg]]]:  # type: ignore[no-untyped-def]
+    """What installing ``chosen`` sets up (``pick(name)`` resolves a dependency, None when no
+    enabled repository has it), dependencies first, and the (dependency, needed by) it lacks."""
+    db = installed(st)
+    new: list[Pkg] = []
+    lacking: list[tuple[str, Pkg]] = []
+    seen: set[str] = set()
+
+    def add(p: Pkg) -> None:
+        if p.name in seen:
+            return
+        seen.add(p.name)
+        for d in p.deps:
+            dep = pick(d)
+            if dep is not None:
+                add(dep)
+            elif d not in db:
+                lacking.append((d, p))
+        if p.name not in db:
+            new.append(p)
+    for p in chosen:
+        add(p)
+    return new, lacking
+
+
+def commit(st: dict, new: list[Pkg]) -> None:
+    db = installed(st)
+    for p in new:
+        db[p.name] = {"version": p.version, "arch": p.arch, "epoch": p.epoch, "repo": p.repo,
+                      "ships": sorted(p.ships)}
+        if p.enables:
+            pkgdb = st["pkgdb"]
+            pkgdb["enabled"] = sorted(set(pkgdb.get("enabled", [])) | {p.enables})
+    settle(st)
+
+
+def settle(st: dict) -> None:
+    """The effect of what is installed: nvidia-smi on PATH, an nvidia.ko for the running kernel."""
+    db = installed(st)
+    kr = kernel_release()
+    smi = [n for n, p in db.items() if "nvidia-smi" in p["ships"]]
+    if smi and not os.path.lexists("/usr/bin/nvidia-smi"):
+        os.makedirs("/usr/bin", exist_ok=True)
+        os.symlink(STANDIN, "/usr/bin/nvidia-smi")
+    for name, p in db.items():
+        if "nvidia.ko" not in p["ships"]:
+            continue
+        if "dkms" in name:
+            # DKMS builds for the running kernel only where its headers are there (Ubuntu's
+            # dkms postinst skips the build with a notice otherwise)
+            apt_headers = f"linux-headers-{kr}" in db
+            el_devel = db.get("kernel-devel", {}).get("version") == kr.rsplit(".", 1)[0] \
+                and "dkms" in db
+            if not (apt_headers or el_devel):
+                continue
+            path = f"/lib/modules/{kr}/updates/dkms/nvidia.ko" if apt_headers else \
+                f"/lib/modules/{kr}/extra/nvidia.ko.xz"
+        else:  # ELRepo's kABI-tracking kmod: precompiled, linked into weak-updates
+            path = f"/lib/modules/{kr}/extra/nvidia/nvidia.ko"
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "a").close()
+        st["driver"]["installed"] = p["version"].split("-")[0]
+        st["driver"]["packages"] = sorted(set(st["driver"]["packages"]) | {name})
+
+
+# ---------------------------------------------------------------------------------------------
+# apt-get, dpkg-query, apt-mark (messages and exit codes of apt 2.6.1 / dpkg 1.21 on Debian 12)
+
+
+def apt_words(args: list[str]) -> list[str]:
+    """The non-option arguments (the verb, then packages); "-o Name=value" pairs skipped."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("-o", "-c", "-t"):
+            skip = True
+        elif not a.startswith("-"):
+            out.append(a)
+    return out
+
+
+def apt_name(spec: str) -> str:
+    """``pkg=version``, ``pkg/release`` and ``pkg:arch`` name the package ``pkg``."""
+    return re.split(r"[=/:]", spec, maxsplit=1)[0]
+
+
+def apt_get(args: list[str], st: dict) -> int:
+    words = apt_words(args)
+    if not words:
+        print("apt 2.6.1 (amd64)\nUsage: apt-get [options] command")
+        return 1
+    verb, pkgs = words[0], words[1:]
+    if verb in ("update",):
+        print("Reading package lists... Done")
+        return 0
+    if verb in ("upgrade", "dist-upgrade", "autoremove", "clean", "autoclean", "check"):
+        print("Reading package lists... Done\nBuilding dependency tree... Done\n"
+              "Reading state information... Done")
+        return 0
+    if verb in ("install", "reinstall", "remove", "purge"):
+        print("Reading package lists...\nBuilding dependency tree...\nReading state information...")
+        cat = {p.name: p for p in catalog()}
+        missing = [s for s in pkgs if apt_name(s) not in cat]
+        if missing:
+            err(*(f"E: Unable to locate package {s}" for s in missing))
+            return 100
+        if verb in ("remove", "purge"):
+            for s in pkgs:
+                installed(st).pop(apt_name(s), None)
+            return 0
+        db = installed(st)
+        for s in pkgs:
+            if apt_name(s) in db:
+                print(f"{apt_name(s)} is already the newest version ({db[apt_name(s)]['version']}).")
+        new, _ = closure(st, [cat[apt_name(s)] for s in pkgs], cat.get)
+        commit(st, new)
+        for p in new:
+            print(f"Setting up {p.name} ({p.version}) ...")
+        return 0
+    err(f"E: Invalid operation {verb}")
+    return 100
+
+
+def dpkg_query(args: list[str], st: dict) -> int:
+    fmt = "${binary:Package}\t${Version}\n"
+    patterns: list[str] = []
+    show = False
+    it = iter(args)
+    for a in it:
+        if a in ("-W", "--show"):
+            show = True
+        elif a in ("-f", "--showformat"):
+            fmt = next(it, "")
+        elif a.startswith("--showformat="):
+            fmt = a.split("=", 1)[1]
+        elif a.startswith("-"):
+            err(f"dpkg-query: error: unknown option {a}")
+            return 2
+        else:
+            patterns.append(a)
+    if not show:
+        err("dpkg-query: error: need an action option")
+        return 2
+    db = installed(st)
+    names = sorted(n for n in db if not patterns or any(fnmatch.fnmatchcase(n, p) for p in patterns))
+    for n in names:
+        p = db[n]
+        line = (fmt.replace("${Package}", n).replace("${binary:Package}", n)
+                .replace("${Version}", p["version"]).replace("${Status}", "install ok installed")
+                .replace("${db:Status-Abbrev}", "ii ").replace("\\n", "\n").replace("\\t", "\t"))
+        sys.stdout.write(line)
+    rc = 0
+    for p in patterns:
+        if not any(fnmatch.fnmatchcase(n, p) for n in db):
+            err(f"dpkg-query: no packages found matching {p}")
+            rc = 1
+    return rc
+
+
+def apt_mark(args: list[str], st: dict) -> int:
+    words = apt_words(args)
+    verb, names = (words[0], words[1:]) if words else ("", [])
+    known = {p.name for p in catalog()} | set(installed(st))
+    if verb in ("hold", "unhold"):
+        missing = [n for n in names if n not in known]
+        if missing or not names:
+            err(*(f"E: Unable to locate package {n}" for n in missing), "E: No packages found")
+            return 100
+        held = set(st.get("held", []))
+        for n in names:
+            if verb == "hold":
+                print(f"{n} already set on hold." if n in held else f"{n} set on hold.")
+                held.add(n)
+            else:
+                print(f"Canceled hold on {n}." if n in held else f"{n} was already not on hold.")
+                held.discard(n)
+        st["held"] = sorted(held)
+        return 0
+    if verb == "showhold":
+        for n in st.get("held", []):
+            print(n)
+        return 0
+    err(f"E: Invalid operation {verb}")
+    return 100
+
+
+# ---------------------------------------------------------------------------------------------
+# ubuntu-drivers: ubuntu-drivers-common as Ubuntu 20.04 ships it (1:0.9.0~0.20.04.x, branch
+# "focal" of github.com/canonical/ubuntu-drivers-common)
+
+
+def ud_drivers() -> list[tuple[str, bool]]:
+    """(package, recommended) of the captured `ubuntu-drivers devices`, builtin ones left out."""
+    out = []
+    for ln in fixture("ubuntu-drivers-devices.txt").splitlines():
+        m = re.match(r"driver\s*: (\S+) - (.*)$", ln)
+        if m and "builtin" not in m.group(2):
+            out.append((m.group(1), "recommended" in m.group(2)))
+    return out
+
+
+def ud_flavour(pkg: str) -> str | None:
+    """NvidiaPkgNameInfo: nvidia-driver-580-server-open -> 580-server-open."""
+    m = re.match(r"nvidia-driver-(\d+)(.*)$", pkg)
+    if not m:
+        return None
+    rest = m.group(2)
+    return m.group(1) + ("-server" if "-server" in rest else "") + ("-open" if "-open" in rest else "")
+
+
+def ud_filter(spec: str, drivers: list[tuple[str, bool]]) -> list[str]:
+    """gpgpu_install_filter: 'nvidia:580-server' allows packages matching 'nvidia*580-server';
+    no version: the recommended one."""
+    m = re.match(r"(.+):([0-9]+)(.*)$", spec)
+    if m:
+        vendor, flavour = m.group(1), m.group(2) + m.group(3)
+    elif re.match(r"[a-z]+", spec):
+        vendor, flavour = spec, ""
+    elif re.match(r"[0-9]+", spec):
+        vendor, flavour = "nvidia", spec
+    else:
+        vendor, flavour = "nvidia", ""
+    pattern = f"{vendor}*{flavour}" if flavour else f"{vendor}*"
+    return [p for p, rec in drivers if fnmatch.fnmatchcase(p, pattern) and (flavour or rec)]
+
+
+def ubuntu_drivers(args: list[str], st: dict) -> int:
+    verb = next((a for a in args if not a.startswith("-")), "")
+    gpgpu = "--gpgpu" in args
+    if verb == "devices":
+        for ln in fixture("ubuntu-drivers-devices.txt").splitlines():
+            print(ln, file=sys.stderr if ln.startswith(("ERROR:root:", "udevadm ")) else sys.stdout)
+        return 0
+    if verb == "list":
+        cat = {p.name for p in catalog()}
+        for p, _ in ud_drivers():
+            meta = f"nvidia-headless-no-dkms-{ud_flavour(p)}"
+            if gpgpu and meta in cat:
+                print(meta)
+            elif not gpgpu:
+                print(p)
+        return 0
+    if verb in ("install", "autoinstall"):
+        spec = next((a for a in args[args.index(verb) + 1:] if not a.startswith("-")), "")
+        matched = ud_filter(spec, ud_drivers())
+        if not matched:
+            print("No drivers found for installation.")
+            return 0  # the `install` command drops install_gpgpu's return value: exit 0
+        cat = {p.name for p in catalog()}
+        db = installed(st)
+        if gpgpu:
+            to_install, candidate = [], None
+            for p in matched:
+                candidate = f"nvidia-headless-no-dkms-{ud_flavour(p)}"
+                candidate = candidate if candidate in cat else None
+                print(candidate)
+                if candidate and candidate not in db:
+                    to_install.append(candidate)
+            if candidate:
+                # linux-modules-nvidia-<flavour>-<kernel flavour>: none in the release's data
+                print(None)
+            if not to_install:
+                print("All the available drivers are already installed.")
+                return 0
+            cmd = ["apt-get", "install", "-o", "DPkg::options::=--force-confnew",
+                   "--no-install-recommends", "-y", *to_install]
+        else:
+            cmd = ["apt-get", "install", "-o", "DPkg::options::=--force-confnew", "-y", matched[0]]
+        st_path = STATE
+        # apt-get runs as its own process, as ubuntu-drivers runs it: our state is saved first
+        with open(st_path + ".tmp", "w") as f:
+            json.dump(st, f, indent=1)
+        os.replace(st_path + ".tmp", st_path)
+        subprocess.call(cmd, env={**os.environ, "GPU_SANDBOX_STATE_LOCKED": "1"})
+        with open(st_path) as f:
+            st.clear()
+            st.update(json.load(f))
+        return 0  # ubuntu-drivers ignores apt-get's exit status too
+    print(f"Usage: ubuntu-drivers [OPTIONS] COMMAND [ARGS]...\nTry 'ubuntu-drivers --help' for help.\n\n"
+          f"Error: No such command '{verb}'.", file=sys.stderr)
+    return 2
+
+
+# ---------------------------------------------------------------------------------------------
+# yum (CentOS 7, yum 3) and dnf (Rocky 9, dnf 4; its yum is dnf too), rpm
+
+
+def el_flavor(st: dict) -> str:
+    return "yum3" if st.get("release") == "centos-7" else "dnf4"
+
+
+def repo_files() -> dict[str, dict[str, str]]:
+    """Every [section] of /etc/yum.repos.d/*.repo with its keys."""
+    out: dict[str, dict[str, str]] = {}
+    d = "/etc/yum.repos.d"
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if not name.endswith(".repo"):
+            continue
+        section = None
+        for ln in open(os.path.join(d, name), encoding="utf-8", errors="replace"):
+            ln = ln.strip()
+            if ln.startswith("[") and ln.endswith("]"):
+                section = ln[1:-1]
+                out[section] = {}
+            elif section and "=" in ln and not ln.startswith("#"):
+                k, v = ln.split("=", 1)
+                out[section][k.strip()] = v.strip()
+    return out
+
+
+VAULT = re.compile(r"https?://vault\.centos\.org/(7\.9\.2009|centos/7)/(os|updates|extras|centosplus)/"
+                   r"(\$basearch|x86_64)/?$")
+
+
+def centos7_repos_fail() -> bool:
+    """CentOS 7 after its EOL: mirrorlist.centos.org and mirror.centos.org are gone; only the vault
+    answers. yum fails on the first enabled repo it cannot reach, as the captures show."""
+    for rid, kv in repo_files().items():
+        if kv.get("enabled", "1") != "1":
+            continue
+        if "mirrorlist" in kv and "baseurl" not in kv:
+            sys.stdout.write(fixture("yum-centos7-eol-mirrorlist-unreachable.txt"))
+            return True
+        url = kv.get("baseurl", "")
+        if url and not VAULT.match(url) and "elrepo" not in url:
+            real = url.replace("$releasever", "7").replace("$basearch", "x86_64").rstrip("/")
+            print(f"{real}/repodata/repomd.xml: [Errno 14] HTTP Error 404 - Not Found\n"
+                  f"Trying other mirror.")
+            err(f"Cannot find a valid baseurl for repo: {rid}/7/x86_64")
+            return True
+    return False
+
+
+def el_available(st: dict) -> list[Pkg]:
+    """The packages of the enabled repositories; of a module, those of its enabled stream (or the
+    default stream, latest-dkms)."""
+    enabled = set(st.get("pkgdb", {}).get("enabled", []))
+    if el_flavor(st) == "yum3":
+        has_base = bool(repo_files())
+        repos = ({"base", "updates", "extras"} if has_base else set()) | enabled | {"url"}
+    else:  # Rocky's own repos are configured on every Rocky host
+        repos = {"baseos", "appstream", "extras"} | enabled
+    streams = st.get("pkgdb", {}).get("modules", {})
+    out = []
+    for p in catalog():
+        if p.repo not in repos:
+            continue
+        if p.modules:
+            wanted = f"nvidia-driver:{streams.get('nvidia-driver', 'latest-dkms')}"
+            if wanted not in p.modules:
+                continue
+        out.append(p)
+    return out
+
+
+def el_resolve(name: str, avail: list[Pkg]) -> Pkg | None:
+    if name.startswith(("https://", "http://")):
+        base = name.rsplit("/", 1)[-1]
+        return next((p for p in avail if p.repo == "url" and base.startswith(p.name + "-")), None)
+    return next((p for p in avail if name in p.rpm_names()), None)
+
+
+def yum(args: list[str], st: dict) -> int:
+    flavor = el_flavor(st)
+    words = [a for a in args if not a.startswith("-")]
+    verb, rest = (words[0], words[1:]) if words else ("", [])
+    db = installed(st)
+    plugins = set(st.get("pkgdb", {}).get("enabled", [])) & {"versionlock", "config-manager"}
+    known = {"install", "remove", "erase", "update", "upgrade", "list", "info", "search",
+             "makecache", "clean", "repolist", "provides", "check-update", "reinstall"}
+    known |= {"module"} if flavor == "dnf4" else set()
+    tool = "yum" if flavor == "yum3" else "dnf"
+    if verb not in known | plugins:
+        print(f"No such command: {verb}. Please use /usr/bin/{tool} --help")
+        if flavor == "dnf4":
+            print(f"It could be a DNF plugin command, try: \"dnf install 'dnf-command({verb})'\"")
+        return 1
+    if flavor == "yum3" and verb in ("install", "update", "makecache", "list") and centos7_repos_fail():
+        return 1
+    avail = el_available(st)
+    if verb == "install":
+        chosen, missing, already = [], [], []
+        for name in rest:
+            p = el_resolve(name, avail)
+            if p is None:
+                missing.append(name)
+            elif p.name in db:
+                already.append(p)
+            else:
+                chosen.append(p)
+        for p in already:
+            print(f"Package {p.nvra()} already installed and latest version" if flavor == "yum3"
+                  else f"Package {p.nvra()} is already installed.")
+        if flavor == "dnf4" and missing:
+            for name in missing:
+                print(f"No match for argument: {name}")
+            err(f"Error: Unable to find a match: {' '.join(missing)}")
+            return 1
+        for name in missing:
+            print(f"No package {name} available.")
+        if not chosen:
+            if missing:
+                err("Error: Nothing to do")
+                return 1
+            print("Nothing to do" if flavor == "yum3" else
+                  "Dependencies resolved.\nNothing to do.\nComplete!")
+            return 0
+        names = {p.name: p for p in avail}
+        new, lacking = closure(st, chosen, names.get)
+        if lacking:
+            dep, by = lacking[0]
+            err("Error: ", f" Problem: conflicting requests\n  - nothing provides {dep} needed by "
+                f"{by.name}-{by.epoch}:{by.version}.{by.arch}")
+            return 1
+        commit(st, new)
+        print("Installed:\n" + "".join(f"  {p.nvra()}\n" for p in new) + "\nComplete!")
+        return 0
+    if verb == "module":
+        sub = rest[:1]
+        if sub != ["enable"]:
+            print(f"No such command: module {' '.join(sub)}")
+            return 1
+        streams = st["pkgdb"].setdefault("modules", {})
+        for spec in rest[1:]:
+            mod, _, stream = spec.partition(":")
+            offered = {m for p in catalog() if p.repo in set(st["pkgdb"].get("enabled", []))
+                       for m in p.modules}
+            if spec not in offered:
+                err("Error: Problems in request:", f"missing groups or modules: {spec}")
+                return 1
+            if streams.get(mod) not in (None, stream):
+                err(f"The operation would result in switching of module '{mod}' stream "
+                    f"'{streams[mod]}' to stream '{stream}'",
+                    "Error: It is not possible to switch enabled streams of a module unless "
+                    "explicitly enabled via configuration option module_stream_switch.")
+                return 1
+            streams[mod] = stream
+            print(f"Enabling module streams:\n {mod}  {stream}\n\nComplete!")
+        return 0
+    if verb == "config-manager":
+        if "--add-repo" not in rest and "--add-repo" not in args:
+            return 0
+        url = args[args.index("--add-repo") + 1]
+        print(f"Adding repo from: {url}")
+        if url == "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/cuda-rhel9.repo":
+            st["pkgdb"]["enabled"] = sorted(set(st["pkgdb"].get("enabled", [])) | {"cuda"})
+            return 0
+        err(f"Curl error (6): Couldn't resolve host name for {url}")
+        return 1
+    if verb == "versionlock":
+        sub, names = (rest[0], rest[1:]) if rest else ("list", [])
+        if sub == "add":
+            locked = set(st.get("held", []))
+            count = 0
+            for n in names:
+                p = db.get(n)
+                if p is None:
+                    print(f"No package found for: {n}" if flavor == "yum3" else
+                          f"Package {n} not installed.")
+                    continue
+                v, r = p["version"].split("-", 1)
+                print(f"Adding versionlock on: {p['epoch']}:{n}-{v}-{r}" if flavor == "yum3"
+                      else f"Adding versionlock on: {n}-{p['epoch']}:{v}-{r}.*")
+                locked.add(n)
+                count += 1
+            if flavor == "yum3":
+                print(f"versionlock added: {count}")
+            st["held"] = sorted(locked)
+            return 0 if count or flavor == "yum3" else 1
+        if sub == "list":
+            for n in st.get("held", []):
+                print(n)
+            return 0
+    return 0
+
+
+def rpm(args: list[str], st: dict) -> int:
+    db = installed(st)
+    if "--import" in args:
+        return 0
+    qf = None
+    if "--qf" in args or "--queryformat" in args:
+        i = args.index("--qf") if "--qf" in args else args.index("--queryformat")
+        qf = args[i + 1]
+        args = args[:i] + args[i + 2:]
+    if not any(a.startswith("-q") for a in args):
+        err("rpm: no operation specified" if args else "rpm: no arguments given for query")
+        return 1
+    names = [a for a in args if not a.startswith("-")]
+    every = any("a" in a for a in args if a.startswith("-q"))
+
+    def show(n: str) -> str:
+        p = db[n]
+        v, r = (p["version"].split("-", 1) + [""])[:2]
+        if qf is None:
+            return f"{n}-{v}-{r}.{p['arch']}\n"
+        return (qf.replace("%{NAME}", n).replace("%{VERSION}", v).replace("%{RELEASE}", r)
+                .replace("%{ARCH}", p["arch"]).replace("%{EPOCH}", p["epoch"])
+                .replace("\\n", "\n"))
+    if every:
+        for n in sorted(db):
+            if not names or any(fnmatch.fnmatchcase(n, g) for g in names):
+                sys.stdout.write(show(n))
+        return 0
+    missing = 0
+    for n in names:
+        if n in db:
+            sys.stdout.write(show(n))
+        else:
+            print(f"package {n} is not installed")
+            missing += 1
+    return min(missing, 255)
+
+
+# ---------------------------------------------------------------------------------------------
+# the GPU and the driver
+
+
 def subst_versions(text: str, st: dict) -> str:
     """Replay a capture with the loaded driver's version and CUDA in place of the captured ones."""
     gpu = st["gpu"]
@@ -66,7 +679,10 @@ def subst_versions(text: str, st: dict) -> str:
     if loaded and loaded != gpu["captured_driver"]:
         text = text.replace(gpu["captured_driver"], loaded)
         if gpu.get("captured_cuda"):
-            new = st["driver_cuda"].get(loaded, gpu["captured_cuda"])
+            new = st["driver_cuda"].get(loaded.split(".")[0])
+            if new is None:
+                raise SystemExit(f"sandbox: no captured nvidia-smi header of driver branch "
+                                 f"{loaded.split('.')[0]} (nvidia-smi/driver-branch-cuda.yaml)")
             text = re.sub(r"(CUDA (?:UMD )?Version\s*:\s*)" + re.escape(gpu["captured_cuda"]),
                           lambda m: m.group(1) + new, text)
             text = text.replace(f"<cuda_version>{gpu['captured_cuda']}</cuda_version>",
@@ -100,6 +716,7 @@ def nvidia_smi(args: list[str], st: dict) -> int:
             out.write(", ".join(gpu["units"].get(f, f) for f in fields) + "\n")
         for row in gpu["rows"]:
             row = dict(row, driver_version=drv["loaded"])
+            # a field no capture of this GPU holds is [N/A], as nvidia-smi prints what it lacks
             out.write(", ".join(str(row.get(f, "[N/A]")) for f in fields) + "\n")
         sys.stdout.write(out.getvalue())
         return 0
@@ -125,8 +742,34 @@ def nvidia_smi(args: list[str], st: dict) -> int:
 
 
 def lspci(args: list[str], st: dict) -> int:
+    """The capture, as lspci prints it in this state: without -k no per-device lines; with -k the
+    NVIDIA GPU's "Kernel driver in use" is the driver that holds it now (nvidia once loaded,
+    nouveau while nouveau is loaded, none else) and "Kernel modules" lists nvidia's modules only
+    once a driver is installed. grep's "--" separators of a `grep -A` capture are not lspci's."""
     text = fixture(st["lspci"]) if st.get("lspci") else ""
-    if "-nn" not in args:
+    kernel = "-k" in args or any(re.fullmatch(r"-[a-z]*k[a-z]*", a) for a in args)
+    out, nvidia_gpu = [], False
+    for ln in text.splitlines():
+        if ln == "--":
+            continue
+        if not ln.startswith(("\t", " ")):
+            nvidia_gpu = "NVIDIA" in ln and bool(re.search(r"\[03[0-9a-f]{2}\]|VGA|3D controller", ln))
+            out.append(ln)
+            continue
+        if not kernel:
+            continue
+        if nvidia_gpu and "Kernel driver in use:" in ln:
+            holder = "nvidia" if st["driver"]["loaded"] else "nouveau" if st.get("nouveau") else None
+            if holder:
+                out.append(re.sub(r"in use: \S+", f"in use: {holder}", ln))
+            continue
+        if nvidia_gpu and "Kernel modules:" in ln and not st["driver"]["installed"]:
+            mods = [m for m in ln.split(":", 1)[1].split(",") if not m.strip().startswith("nvidia_")
+                    and m.strip() != "nvidia"]
+            ln = ln.split(":", 1)[0] + ":" + ",".join(mods)
+        out.append(ln)
+    text = "".join(ln + "\n" for ln in out)
+    if not any(a.startswith("-") and "nn" in a for a in args):
         text = re.sub(r" \[[0-9a-f]{4}\]:", ":", text)
         text = re.sub(r" \[[0-9a-f]{4}:[0-9a-f]{4}\]", "", text)
     sys.stdout.write(text)
@@ -155,7 +798,7 @@ def modprobe(args: list[str], st: dict) -> int:
         if name == "nvidia" and not remove:
             if not drv["installed"]:
                 print(f"modprobe: FATAL: Module nvidia not found in directory /lib/modules/"
-                      f"{os.uname().release}", file=sys.stderr)
+                      f"{kernel_release()}", file=sys.stderr)
                 return 1
             if st.get("nouveau"):
                 print("modprobe: ERROR: could not insert 'nvidia': No such device",
@@ -169,125 +812,17 @@ def modprobe(args: list[str], st: dict) -> int:
     return 0
 
 
-def install_driver(st: dict, branch: str, package: str) -> None:
-    version = BRANCH_VERSION.get(branch)
-    if version is None:
-        raise SystemExit(f"E: Unable to locate package {package}")
-    st["driver"]["installed"] = version
-    st["driver"]["packages"] = sorted(set(st["driver"]["packages"]) | {package})
-    os.makedirs("/usr/bin", exist_ok=True)
-    if not os.path.lexists("/usr/bin/nvidia-smi"):
-        os.symlink(STANDIN, "/usr/bin/nvidia-smi")
-
-
-APT_DRIVER = re.compile(r"^nvidia-driver-(\d+)(-server)?(-open)?(=.*)?$")
-RPM_DRIVER = re.compile(r"^kmod-nvidia(?:-(\d+)xx)?$")
-
-
-def words(args: list[str]) -> list[str]:
-    """The non-option arguments (the verb, then packages); "-o Name=value" pairs skipped."""
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a == "-o":
-            skip = True
-        elif not a.startswith("-"):
-            out.append(a)
-    return out
-
-
-def apt_get(args: list[str], st: dict) -> int:
-    if not args:
-        return 100
-    verb, *pkgs = words(args) or [""]
-    if verb in ("update", "upgrade", "autoremove", "clean"):
-        print("Reading package lists... Done")
-        return 0
-    if verb == "install":
-        for pkg in pkgs:
-            m = APT_DRIVER.match(pkg)
-            if m:
-                install_driver(st, m.group(1), pkg)
-            elif pkg in ("nvidia-driver", "cuda-drivers", "nvidia-open"):
-                install_driver(st, "535" if pkg == "nvidia-driver" else "580", pkg)
-            else:
-                st["packages"] = sorted(set(st.get("packages", [])) | {pkg})
-            print(f"Setting up {pkg} ...")
-        return 0
-    if verb in ("remove", "purge"):
-        return 0
-    print(f"E: Invalid operation {verb}", file=sys.stderr)
-    return 100
-
-
-def ubuntu_drivers(args: list[str], st: dict) -> int:
-    verb = next((a for a in args if not a.startswith("-")), "")
-    if verb in ("list", "devices"):
-        for b in ("535", "550", "570", "580"):
-            print(f"nvidia-driver-{b}-server, (kernel modules provided by nvidia-dkms-{b}-server)")
-        return 0
-    if verb == "install":
-        spec = next((a for a in args if a.startswith("nvidia:")), "nvidia:580-server")
-        m = re.match(r"nvidia:(\d+)", spec)
-        install_driver(st, m.group(1) if m else "580", "nvidia-driver-" + spec.split(":", 1)[1])
-        return 0
-    return 2
-
-
-def dpkg_query(args: list[str], st: dict) -> int:
-    pkgs = st["driver"]["packages"] + st.get("packages", [])
-    fmt = args[args.index("-f") + 1] if "-f" in args else "${Package} ${Version} ${Status}\\n"
-    for p in pkgs:
-        line = fmt.replace("${Package}", p).replace("${Version}", st["driver"]["installed"] or "")
-        sys.stdout.write(line.replace("${Status}", "install ok installed").replace("\\n", "\n"))
-    return 0 if pkgs else 1
-
-
-def apt_mark(args: list[str], st: dict) -> int:
-    verb = next((a for a in args if not a.startswith("-")), "")
-    if verb == "hold":
-        st["held"] = sorted(set(st.get("held", [])) | set(args[args.index("hold") + 1:]))
-        for p in args[args.index("hold") + 1:]:
-            print(f"{p} set on hold.")
-    elif verb == "showhold":
-        for p in st.get("held", []):
-            print(p)
+def initramfs(args: list[str], st: dict) -> int:
+    """update-initramfs -u / dracut -f: the next boot's initramfs takes /etc/modprobe.d as it is
+    now (a nouveau blacklist only keeps nouveau out of the early boot once it is in there)."""
+    d = "/etc/modprobe.d"
+    files = [os.path.join(d, f) for f in os.listdir(d)] if os.path.isdir(d) else []
+    st["initramfs_blacklists_nouveau"] = any(
+        os.path.isfile(f) and re.search(r"^\s*blacklist\s+nouveau\b", open(f, errors="replace").read(), re.M)
+        for f in files)
+    if os.path.basename(sys.argv[0]) == "update-initramfs":
+        print(f"update-initramfs: Generating /boot/initrd.img-{kernel_release()}")
     return 0
-
-
-def yum(args: list[str], st: dict) -> int:
-    verb = next((a for a in args if not a.startswith("-")), "")
-    rest = args[args.index(verb) + 1:] if verb else []
-    if verb == "install":
-        for pkg in words(rest):
-            m = RPM_DRIVER.match(pkg)
-            if m:
-                install_driver(st, m.group(1) or "550", pkg)  # ELRepo el7 ends at 550
-            elif pkg in ("nvidia-driver", "cuda-drivers", "nvidia-open"):
-                install_driver(st, st.get("module_stream", "580"), pkg)
-            else:
-                st["packages"] = sorted(set(st.get("packages", [])) | {pkg})
-        return 0
-    if verb == "module" and rest[:1] == ["enable"]:
-        m = re.search(r"nvidia-driver:(\d+)", " ".join(rest))
-        st["module_stream"] = m.group(1) if m else "580"
-        return 0
-    if verb == "versionlock":
-        if rest[:1] == ["add"]:
-            st["held"] = sorted(set(st.get("held", [])) | set(rest[1:]))
-        elif rest[:1] == ["list"]:
-            for p in st.get("held", []):
-                print(p)
-        return 0
-    return 0
-
-
-def rpm(args: list[str], st: dict) -> int:
-    pkgs = st["driver"]["packages"] + st.get("packages", [])
-    for p in pkgs:
-        print(f"{p}-{st['driver']['installed'] or '0'}-1.el7_9.elrepo.x86_64")
-    return 0 if pkgs or "--import" in args else 1
 
 
 def reboot(args: list[str], st: dict) -> int:
@@ -304,13 +839,28 @@ def systemd_detect_virt(args: list[str], st: dict) -> int:
 TOOLS = {"nvidia-smi": nvidia_smi, "lspci": lspci, "lsmod": lsmod, "modprobe": modprobe,
          "apt-get": apt_get, "apt": apt_get, "ubuntu-drivers": ubuntu_drivers,
          "dpkg-query": dpkg_query, "apt-mark": apt_mark, "yum": yum, "dnf": yum, "rpm": rpm,
-         "reboot": reboot, "shutdown": reboot, "systemd-detect-virt": systemd_detect_virt}
+         "reboot": reboot, "shutdown": reboot, "systemd-detect-virt": systemd_detect_virt,
+         "uname": uname, "update-initramfs": initramfs, "dracut": initramfs}
 
 
 def main() -> int:
     tool = os.path.basename(sys.argv[0])
     args = sys.argv[1:]
     log_call(tool, args)
+    if tool == "uname":  # no state: called often, and by ubuntu-drivers' apt-get under its lock
+        return uname(args, {})
+    if tool in ("reboot", "shutdown"):  # like systemctl reboot: ask, and return at once
+        return reboot(args, {})
+    if os.environ.get("GPU_SANDBOX_STATE_LOCKED") == "1":
+        # run by ubuntu-drivers, which holds the state lock and saved the state for us
+        os.environ.pop("GPU_SANDBOX_STATE_LOCKED")
+        with open(STATE) as f:
+            data = json.load(f)
+        rc = TOOLS[tool](args, data)
+        with open(STATE + ".tmp", "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(STATE + ".tmp", STATE)
+        return rc
     st = State()
     try:
         rc = TOOLS[tool](args, st.data)

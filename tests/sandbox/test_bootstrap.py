@@ -4,6 +4,7 @@ sha256."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -13,10 +14,17 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
+from tests.sandbox.mirror import TAMPERED
 from tests.sandbox.proxy import TcpProxy
+
+# the installer the mirror serves, and what arrives when it is altered on the way
+INSTALLER = (harness.HERE / "miniconda_installer.sh").read_bytes()
+GENUINE = hashlib.sha256(INSTALLER).hexdigest()
+ALTERED = hashlib.sha256(INSTALLER + TAMPERED).hexdigest()
 
 pytestmark = pytest.mark.sandbox
 
@@ -52,6 +60,9 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
         assert sum(bool(re.search(r"Successfully installed .*torch-2\.13\.0\+cpu", t))
                    for t in logs) == 1
         assert sum("another run holds the lock on this host: root@" in t for t in logs) == 1
+        # the installer was checked against the sha256 the mirror's index publishes
+        conda_logs = [p.read_text() for p in (tmp_path / "logs" / info.id).glob("*/conda.log")]
+        assert sum(f"sha256 ok: {GENUINE}\n" in t for t in conda_logs) == 1
         steps = {p.stem: json.loads(p.read_text())
                  for p in info.path("/root/.gpu-provision/steps").glob("*.json")}
         assert {k: v["result"] for k, v in steps.items()} == {
@@ -101,6 +112,37 @@ def test_bad_miniconda_sha256_installs_nothing(hosts: Hosts, gp_home: Path, tmp_
         assert not info.path("/root/miniconda3").exists()
         entry = json.loads(info.path("/root/.gpu-provision/steps/conda.json").read_text())
         assert (entry["result"], entry["exit"]) == ("failed", 3)
+    finally:
+        harness.stop(info.id)
+
+
+def test_tampered_miniconda_is_refused_by_the_published_sha256(hosts: Hosts, gp_home: Path,
+                                                              tmp_path: Path) -> None:
+    """No sha256 in the inventory: the one to check comes from the mirror's index page, which
+    lists the genuine installer's, while the installer itself was altered on the way (a man in
+    the middle, a broken CDN edge). Bootstrap refuses it and installs nothing."""
+    info = hosts.fresh("cpu-only")
+    try:
+        inv = yaml.safe_load(Path(info.inventory).read_text())
+        assert "miniconda_sha256" not in inv
+        path = info.inventory_with(tmp_path / "tampered.yaml", mirrors={
+            **inv["mirrors"], "miniconda": info.mirror["miniconda_tampered"]})
+        r = gpu_provision("-H", path, "bootstrap", home=gp_home, cwd=tmp_path)
+        assert r.returncode == 1
+        assert "step 'conda' failed with exit code 3" in r.stderr
+        assert "sha256 mismatch" in r.stderr and "nothing installed" in r.stderr
+        [log] = [p.read_text() for p in (tmp_path / "logs").rglob("conda.log")]
+        assert (f"downloading {info.mirror['miniconda_tampered']}/Miniconda3-latest-Linux-x86_64.sh"
+                in log)
+        assert (f"sha256 mismatch for Miniconda3-latest-Linux-x86_64.sh: expected {GENUINE}, got "
+                f"{ALTERED}; nothing installed") in log
+        assert "sha256 ok" not in log
+        assert not info.path("/root/miniconda3").exists()
+        entry = json.loads(info.path("/root/.gpu-provision/steps/conda.json").read_text())
+        assert (entry["result"], entry["exit"]) == ("failed", 3)
+        # the steps after it did not run
+        assert sorted(p.stem for p in info.path("/root/.gpu-provision/steps").glob("*.json")) == \
+            ["conda"]
     finally:
         harness.stop(info.id)
 

@@ -79,7 +79,12 @@ def test_mirror_404_or_hang_moves_on_else_names_every_url(hosts: Hosts, gp_home:
                                                             "torch": "failed"}
         assert j["torch"]["exit"] == 4
         plan = gpu_provision("-H", inv, "plan", "--json", home=gp_home, cwd=tmp_path)
-        assert json.loads(plan.stdout)["changes"] == ["torch"]
+        assert plan.returncode == 0, plan.stderr
+        p = json.loads(plan.stdout)
+        assert p["changes"] == ["torch"]
+        acts = {d["step"]: d["action"] for d in p["decisions"]}
+        assert (acts["conda"], acts["env"]) == ("none", "none")
+        assert acts["torch"].startswith("install torch ")
     finally:
         harness.stop(info.id)
 

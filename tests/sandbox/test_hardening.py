@@ -38,6 +38,8 @@ def test_authorize_installs_the_key_with_the_password_once(hosts: Hosts, gp_home
         after = gpu_provision("-H", target, "-i", str(key), "facts", "--json", home=gp_home,
                               cwd=tmp_path)
         assert after.returncode == 0, after.stderr  # by key alone: no password given
+        facts = json.loads(after.stdout)
+        assert (facts["os"]["id"], facts["root"], facts["home"]) == ("ubuntu", True, "/root")
         again = gpu_provision("-H", target, "-i", str(key), "authorize", "--password-env", "PW",
                               home=gp_home, cwd=tmp_path, env={"PW": password})
         assert again.returncode == 0 and "already works; nothing changed" in again.stdout

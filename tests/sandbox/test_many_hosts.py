@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,6 +18,17 @@ from tests.conftest import ROOT, Hosts, gpu_provision
 from tests.sandbox import harness
 
 pytestmark = pytest.mark.sandbox
+
+
+def json_objects(text: str) -> list[dict[str, Any]]:
+    """The JSON objects printed one after another (whitespace between them, nothing else)."""
+    dec, out, pos = json.JSONDecoder(), [], 0
+    while pos < len(text.rstrip()):
+        while text[pos].isspace():
+            pos += 1
+        obj, pos = dec.raw_decode(text, pos)
+        out.append(obj)
+    return out
 
 
 def closed_port() -> int:
@@ -41,8 +54,16 @@ def test_three_hosts_and_a_dead_one(hosts: Hosts, gp_home: Path, program: str) -
     assert "summary: 4 hosts" in r.stdout
     assert f"{dead.split('@')[1]}: error: " in r.stderr or "connection refused" in r.stderr
     summary = r.stdout[r.stdout.index("summary: 4 hosts"):]
-    for i in infos:
-        assert f"root@{i.host}:{i.port}" in r.stdout  # every live host's plan was printed
+    # every live host's plan, as one JSON object each before the summary
+    plans = json_objects(r.stdout[:r.stdout.index("summary: 4 hosts")])
+    assert sorted(p["host"] for p in plans) == sorted(f"root@{i.host}:{i.port}" for i in infos)
+    by_host = {p["host"]: p for p in plans}
+    driver = {h: next(d for d in p["decisions"] if d["step"] == "driver") for h, p in by_host.items()}
+    assert driver[f"root@{infos[0].host}:{infos[0].port}"]["reason"] == \
+        "no NVIDIA GPU on the PCI bus: CPU-only host"
+    assert [driver[f"root@{i.host}:{i.port}"]["action"] for i in infos] == ["none"] * 3
+    assert [by_host[f"root@{i.host}:{i.port}"]["torch"]["cuda"] for i in infos] == \
+        ["cpu", "cu130", "cu126"]
     lines = [ln for ln in summary.splitlines() if "root@" in ln]
     for i in infos:
         assert any(f"root@{i.host}:{i.port}" in ln and "│ ok" in ln for ln in lines), summary

@@ -194,7 +194,7 @@ def test_the_driver_step_reboots_reconnects_confirms_and_holds(tmp_path: Path,
     text = buf.getvalue()
     assert "box: rebooting (the module cannot load without it) ..." in text
     assert "waiting for the host to come back (timeout)" in text
-    assert "box: driver 580.82.09 loaded (CUDA <= 13.0)" in text
+    assert "box: driver 580.126.20 loaded (CUDA <= 13.0)" in text
     assert applied.executions == 2 + 5
 
 
