@@ -114,7 +114,8 @@ class Executor:
             on_out: Callable[[str], None] | None = None,
             on_err: Callable[[str], None] | None = None, stdin: str | None = None) -> Result:
         """Run one command remotely (one SSH exec channel). Raises RemoteError when ``check``
-        and it exits non-zero, SSHError when the connection is lost. ``on_out``/``on_err``
+        and it exits non-zero, SSHError when the connection is lost (with ``check`` off, a lost
+        connection is the exit code NO_EXIT_STATUS, for callers that say more about it). ``on_out``/``on_err``
         receive each output line (secrets masked) as it arrives; the result still holds all of
         it. ``stdin`` is sent to the command and never logged."""
         started = time.monotonic()
@@ -141,6 +142,8 @@ class Executor:
         result = Result(step=step, command=command.display(), stdout=r.stdout, stderr=r.stderr,
                         exit_code=r.exited, seconds=time.monotonic() - started)
         self._log(result, secrets)
+        if check and r.exited == NO_EXIT_STATUS:
+            raise self.lost(f"{step!r}")
         if check and r.exited != 0:
             raise RemoteError(self.host, step, r.exited, mask(r.stdout + r.stderr, secrets))
         return result

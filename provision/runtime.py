@@ -69,6 +69,24 @@ class Watch:
             self.show(text.removeprefix(NOTICE))
 
 
+class _LogOnly:
+    """Hands on the log's lines and holds back what the runtime adds after them: the result line
+    and the empty line that may separate it from a log that ended with a newline."""
+
+    def __init__(self, emit: Callable[[str], None]):
+        self.emit, self.held = emit, False
+
+    def __call__(self, line: str) -> None:
+        if line.startswith(f"{MARKER} "):
+            self.held = False
+            return
+        if self.held:
+            self.emit("")
+        self.held = line == ""
+        if not self.held:
+            self.emit(line)
+
+
 def owner() -> str:
     """Who holds a lock: shown to the run that is refused."""
     return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
@@ -139,7 +157,7 @@ def run_detached(ex: Executor, name: str, body: str, *, inputs: str = "",
     started = time.monotonic()
     try:
         r = ex.run(bash_script(script), step=name, check=False,
-                   on_out=on_line or (lambda _: None), on_err=on_err or (lambda _: None))
+                   on_out=_LogOnly(on_line or (lambda _: None)), on_err=on_err or (lambda _: None))
     except KeyboardInterrupt:
         raise Interrupted(f"{ex.host}: interrupted while waiting for step {name!r}; it goes "
                           f"on, detached, on the host (log ~/.gpu-provision/logs/{name}.log). "

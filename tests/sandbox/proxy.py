@@ -16,6 +16,7 @@ class TcpProxy:
         self.conns: list[socket.socket] = []
         self.lock = threading.Lock()
         self.closed = False
+        self.sent = 0  # bytes carried towards the target (what an upload really sends)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -31,11 +32,14 @@ class TcpProxy:
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        upload = dst.getpeername()[1] == self.target[1]
         try:
             while data := src.recv(65536):
                 if self.delay:
                     time.sleep(self.delay / 2)  # each direction carries half the round trip
                 dst.sendall(data)
+                if upload:
+                    self.sent += len(data)
         except OSError:
             pass
         finally:

@@ -67,14 +67,15 @@ class FakeExecutor:
         self.calls.append((step, command.render(), stdin))
         scripted = self.answers.get(step)
         answer = (scripted.pop(0) if isinstance(scripted, list) else scripted) or Answer()
-        for line in answer.log.splitlines():
+        tail = f"\n{MARKER} " + json.dumps({"exit": answer.exit, "size": len(answer.log),
+                                            "result": answer.result}) + "\n"
+        stdout = answer.log + tail
+        for line in stdout.splitlines():  # as the channel delivers it, result line and all
             if on_out:
                 on_out(line)
         if on_err:
             on_err(f"{HEARTBEAT}{step} 2")
-        tail = f"\n{MARKER} " + json.dumps({"exit": answer.exit, "size": len(answer.log),
-                                            "result": answer.result}) + "\n"
-        return Result(step, command.display(), answer.log + tail, answer.stderr, answer.exit, 0.1)
+        return Result(step, command.display(), stdout, answer.stderr, answer.exit, 0.1)
 
     def put(self, local: Path, remote: str, progress: object = None, step: str = "") -> None:
         self.puts.append((local, remote))
@@ -105,6 +106,8 @@ def test_a_fresh_cpu_host_runs_each_step_once_and_saves_the_report(tmp_path: Pat
     assert json.loads(applied.report_path.read_text())["host"] == "cpu-fresh"
     text = buf.getvalue()
     assert "box: torch: install torch 2.13.0+cpu ..." in text
+    # the heartbeat shows the log's last line, never the runtime's result line
+    assert "box: torch running 2s: Successfully installed torch" in text and MARKER not in text
     assert "cpu-fresh: packages: nothing to do - recipe pytorch adds no packages" in text
     # each step ran detached under the host's lock, journaled with its inputs
     torch_script = next(cmd for step, cmd, _ in ex.calls if step == "torch")

@@ -236,3 +236,11 @@ def test_render_error_names_template_and_line(tmp_path: Path, monkeypatch: pytes
     (tmp_path / "syntax.j2").write_text("a\nb\n{% if %}\n")
     with pytest.raises(ProvisionError, match=r"template syntax.j2:3"):
         render("syntax.j2")
+
+
+def test_facts_script_reads_a_home_relative_data_dir_in_the_hosts_home(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    r = subprocess.run(["bash", "-c", facts_script((), ("~/data",))], capture_output=True,
+                       text=True, timeout=60, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    disks = parse_df(json.loads(r.stdout)["probes"]["disk"]["out"])
+    assert [d.path for d in disks] == [str(tmp_path), str(tmp_path / "data")]

@@ -171,3 +171,16 @@ def test_revalidation_only_when_something_it_checks_changed(cpu_host: HostFacts)
     assert validate_step(replace(facts, journal={"verdict": {"inputs": first.inputs, "result": "PASS",
                                                              "at": facts.now}}),
                          lay, settings, always=True).changes
+
+
+def test_a_home_relative_data_dir_is_the_host_users_home(cpu_host: HostFacts) -> None:
+    """``data_dir: ~/data`` means the remote user's home (from the facts), not a folder '~'."""
+    from provision.ops.layout import layout
+    from provision.recipes import Platform
+    target = Target(name="box", host="h", settings={"data_dir": "~/data"})
+    settings = merge_settings(target, load_platform("generic-vm"), load_recipe("pytorch"))
+    facts = replace(cpu_host, home="/home/ubuntu")
+    assert validation_config(facts, settings)["data_dir"] == "/home/ubuntu/data"
+    lay = layout(facts, settings, Platform(name="p", conda_prefix="~/miniconda3"))
+    assert lay.conda_root == "/home/ubuntu/miniconda3"
+    assert lay.python_bin == "/home/ubuntu/miniconda3/envs/torch/bin/python"
