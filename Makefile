@@ -28,6 +28,7 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  elif [ "$$CI" = true ]; then echo "CI needs:$$missing (install them as root)"; exit 1; \
 	  else echo "sandbox tests will skip: missing$$missing (install them as root)"; fi; \
 	fi
 
