@@ -317,6 +317,7 @@ def jobs(c: Context, json_: bool = False, hosts: str | None = None) -> None:
 
 
 jobs.whole_fleet = True
+logs.whole_fleet = True
 
 
 @task(positional=["job"], help={"job": LOGS_HELP["job"],
