@@ -3,7 +3,6 @@ resolve the hosts, open sessions, call provision/jobs/, print through provision/
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -28,6 +27,7 @@ from .jobs.spec import (
     JobSpec,
     check_name,
     check_ref,
+    command_after_dashes,
     command_of,
     default_name,
     new_id,
@@ -43,13 +43,6 @@ from .tasks import ONE_HOST, _notify, reports_errors, target_of
 A = TypeVar("A")
 T = TypeVar("T")
 BOTH = "give the hosts once: -H a,b (a job on each) or --hosts a,b (one job over them)"
-
-
-def command_after_dashes(argv: Sequence[str] | None = None) -> tuple[str, ...]:
-    """The words after the first ``--``, exactly as the shell split them (Invoke would join
-    them with spaces, and Fabric run them through a shell)."""
-    argv = list(sys.argv if argv is None else argv)
-    return tuple(argv[argv.index("--") + 1:]) if "--" in argv else ()
 
 
 def targets_of(c: Context, hosts: str | None) -> list[Target]:

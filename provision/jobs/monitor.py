@@ -132,6 +132,10 @@ class Alert:
         return {"level": self.level, "host": self.host, "text": self.text}
 
 
+def _g(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
@@ -201,9 +205,9 @@ class Monitor:
                                  f"{(g.memory_total_mib or 0) / 1024:.1f} GiB ({frac:.0%})"))
             if g.throttled:
                 out.append(Alert("warning", host, f"GPU {g.index} throttled: "
-                                 f"{', '.join(g.throttled)} (SM {g.sm_clock_mhz or '?'} of "
-                                 f"{g.sm_clock_max_mhz or '?'} MHz, {g.temperature_c or '?'} C, "
-                                 f"{g.power_w or '?'}/{g.power_limit_w or '?'} W)"))
+                                 f"{', '.join(g.throttled)} (SM {_g(g.sm_clock_mhz)} of "
+                                 f"{_g(g.sm_clock_max_mhz)} MHz, {_g(g.temperature_c)} C, "
+                                 f"{_g(g.power_w)}/{_g(g.power_limit_w)} W)"))
         for d in s.disks:
             if d.total_gb and 1 - d.free_gb / d.total_gb >= self.disk_full:
                 out.append(Alert("warning", host, f"disk {d.path} {1 - d.free_gb / d.total_gb:.0%} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -99,6 +100,13 @@ def check_ref(job: str) -> str:
         raise ProvisionError(f"JOB: {job!r} is not a job id or name (letters, digits, '.', '_', "
                              "'-'); `gpu-provision -H HOST jobs` lists them")
     return job
+
+
+def command_after_dashes(argv: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The words after the first ``--``, exactly as the shell split them (Invoke would join
+    them with spaces, and Fabric run them through a shell)."""
+    argv = list(sys.argv if argv is None else argv)
+    return tuple(argv[argv.index("--") + 1:]) if "--" in argv else ()
 
 
 def command_of(argv: Sequence[str] | None, recipe_job: Sequence[str], recipe: str) -> tuple[str, ...]:

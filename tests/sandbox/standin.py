@@ -154,7 +154,7 @@ def sample_rows(fields: list[str], fmt: str, gpu: dict, drv: dict, loop: float |
             cells = [str(row.get(f, "[N/A]")) for f in fields]
             if "nounits" in fmt:
                 cells = [c.removesuffix(" " + units[f]) if f in units else c
-                         for f, c in zip(fields, cells)]
+                         for f, c in zip(fields, cells, strict=True)]
             out.write(", ".join(cells) + "\n")
         try:
             sys.stdout.write(out.getvalue())
