@@ -271,7 +271,11 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
         reader.finished(r.size, ended)
         if ended:
             return int(r.result["rc"])
-        return None if not follow else 255  # the job ended without an exit code
+        if not follow:
+            return None
+        _notify(f"{target.name}: the job ended without an exit code (lost in a reboot, or its "
+                "supervisor was killed): `jobs` says which")
+        return 255
 
     try:
         codes = on_each(targets, one)
