@@ -402,3 +402,29 @@ def test_no_env_no_job(hosts: Hosts, gp: Gp) -> None:
     assert r.returncode == 1
     assert "no bootstrapped env on this host" in r.stderr and "run bootstrap first" in r.stderr
     assert not info.path("/root/.gpu-provision/jobs").exists()
+
+
+def test_validations_all_reduce_measures_and_bounds_a_hang(trained: harness.HostInfo) -> None:
+    """validate_gpu.py's multi-GPU measuring code, run with gloo on the CPU (the same spawn,
+    timing and time limit NCCL gets on GPUs): a correct sum with a bandwidth; a run that does not
+    answer in time is ended with every worker it started."""
+    code = ("import importlib.util, json; "
+            "s = importlib.util.spec_from_file_location('vg', '/root/.gpu-provision/validate_gpu.py'); "
+            "vg = importlib.util.module_from_spec(s); s.loader.exec_module(vg); "
+            "print(json.dumps([vg._allreduce(2, {}, 'gloo', 4, 3, 180), "
+            "vg._allreduce(2, {'GP_MARK': 'hang'}, 'gloo', 4, 3, 0.3)]))")
+    r = harness.in_host(trained, f"{ENV}/bin/python", "-c", code)
+    done, hung = json.loads(r.stdout.splitlines()[-1])
+    assert done["ok"] and done["busbw_gbs"] > 0 and done["error"] is None, done
+    assert (hung["ok"], hung["timeout"], hung["error"]) == (False, True, "no answer within 0.3s")
+
+    def marked() -> list[str]:
+        left = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and b"GP_MARK=hang" in (d / "environ").read_bytes():
+                    left.append(d.name)
+            except OSError:
+                continue
+        return left
+    wait_for(lambda: not marked(), "a worker of the hung run outlived it", 30)
