@@ -17,6 +17,7 @@ from invoke.exceptions import Exit
 
 from . import output
 from .errors import ProvisionError, SSHError
+from .facts.host import HostFacts
 from .gather import data_dirs
 from .inventory import Target, expand_hosts, resolve_target, settings_for
 from .jobs import remote
@@ -103,6 +104,20 @@ def opened(targets: Sequence[Target], store: Store, keep_log: bool = True
                 s.ex.conn.close()
 
 
+@contextmanager
+def connecting(targets: Sequence[Target], store: Store) -> Iterator[Callable[[], list[Session]]]:
+    """``opened``, connecting in the background: the caller gets a function that waits for the
+    sessions, and prepares what it sends meanwhile."""
+    cm = opened(targets, store)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(cm.__enter__)
+        try:
+            yield pending.result
+        finally:
+            if pending.exception() is None:  # (waits for it) connected: close it
+                cm.__exit__(None, None, None)
+
+
 def idle_cost_notes(targets: Sequence[Target], view: Any = None) -> list[str]:
     """Lines `jobs` and `watch` print under their tables about what idle GPUs cost (the hours
     paid while nothing runs). The cost module fills this; nothing yet."""
@@ -156,23 +171,27 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
     if hosts and isinstance(c, Connection):
         raise ProvisionError(BOTH)
     targets = targets_of(c, hosts)
-    first = settings_for(targets[0], None)
-    command = command_of(command_after_dashes(), load_recipe(first.recipe).job, first.recipe)
-    job_name = check_name(name) if name else default_name(command)
     asked = parse_gpus(gpus)
-    job_id = new_id(job_name)
+    given = check_name(name) if name else None
     store = Store()
-    base = JobSpec(id=job_id, name=job_name, argv=command, gpus=asked, workdir=workdir or "~",
-                   share=share, launcher=launcher)
-    with opened(targets, store) as sessions:
-        specs = _specs(base, targets, sessions, store, hosts is not None, nproc_per_node,
-                       master_port, master_addr)
-        pairs = list(zip(sessions, specs, strict=True))
+    # the handshake goes on while the job is made ready to send: run costs about one bare ssh
+    with connecting(targets, store) as connected:
+        first = settings_for(targets[0], None)
+        command = command_of(command_after_dashes(), load_recipe(first.recipe).job, first.recipe)
+        job_name = given or default_name(command)
+        job_id = new_id(job_name)
+        base = JobSpec(id=job_id, name=job_name, argv=command, gpus=asked,
+                       workdir=workdir or "~", share=share, launcher=launcher)
+        facts = on_each(connected(), lambda s: s.facts()) if hosts else None
+        specs = _specs(base, targets, store, facts, nproc_per_node, master_port, master_addr)
+        scripts = [remote.launch_script(x) for x in specs]
+        sessions = connected()
+        items = list(zip(sessions, specs, scripts, strict=True))
         try:
-            started = on_each(pairs, lambda p: remote.launch(p[0].ex, p[1]))
+            started = on_each(items, lambda x: remote.launch(x[0].ex, x[1], x[2]))
         except ProvisionError:
-            if len(pairs) > 1:  # the others would wait for the rendezvous: stop them
-                on_each(pairs, lambda p: _kill_quietly(p[0], job_id))
+            if len(items) > 1:  # the others would wait for the rendezvous: stop them
+                on_each(items, lambda x: _kill_quietly(x[0], job_id))
             raise
     follow = how_to_follow(c, hosts, job_id)
     if json_:
@@ -190,15 +209,13 @@ def _kill_quietly(s: Session, job: str) -> None:
         pass
 
 
-def _specs(base: JobSpec, targets: Sequence[Target], sessions: Sequence[Session], store: Store,
-           distributed: bool, nproc: int, port: int, addr: str | None) -> list[JobSpec]:
-    """Each host's spec: the fixes its last validation named; over --hosts, torchrun with its
-    rank and the rendezvous, and the interface its collectives use (from the facts)."""
+def _specs(base: JobSpec, targets: Sequence[Target], store: Store, facts: list[HostFacts] | None,
+           nproc: int, port: int, addr: str | None) -> list[JobSpec]:
+    """Each host's spec: the fixes its last validation named; over --hosts (with each host's
+    facts), torchrun with its rank and the rendezvous, and the interface its collectives use."""
     specs = []
     rdzv = None
-    facts = []
-    if distributed:
-        facts = on_each(list(sessions), lambda s: s.facts())
+    if facts is not None:
         nodes = [Node(t.name, t.host, f) for t, f in zip(targets, facts, strict=True)]
         rdzv = rendezvous(nodes, port, addr)
         _notify(f"rendezvous on {rdzv.addr}:{rdzv.port} ({rdzv.reason})")
@@ -207,7 +224,7 @@ def _specs(base: JobSpec, targets: Sequence[Target], sessions: Sequence[Session]
         for line in why:
             _notify(f"{target.name}: applying {line}")
         argv = base.argv
-        if rdzv is not None:
+        if rdzv is not None and facts is not None:
             argv = torchrun_argv(base.argv, nnodes=len(targets), node_rank=rank,
                                  nproc_per_node=nproc_for(facts[rank], base.gpus, nproc),
                                  master_addr=rdzv.addr, master_port=rdzv.port)

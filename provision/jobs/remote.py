@@ -56,9 +56,10 @@ def _not_found(exc: RemoteError) -> ProvisionError:
     return ProvisionError(f"{exc.host}: {text}")
 
 
-def launch(ex: Executor, spec: JobSpec) -> Launched:
-    """Start the job on the host and return at once (one remote execution)."""
-    r = run_foreground(ex, "run", launch_script(spec), again="run")
+def launch(ex: Executor, spec: JobSpec, script: str | None = None) -> Launched:
+    """Start the job on the host and return at once (one remote execution). ``script``: the
+    rendered launch_script(spec), when it was made beforehand."""
+    r = run_foreground(ex, "run", script or launch_script(spec), again="run")
     got: Mapping[str, Any] = r.result if isinstance(r.result, Mapping) else {}
     if got.get("error") or not got.get("id"):
         raise ProvisionError(f"{ex.host}: {got.get('error') or f'the start reported {r.result!r}'}")

@@ -213,7 +213,7 @@ def test_every_job_script_is_bash() -> None:
                    follow_script("logs", remote.where_script("t'1", "t-1", True), 10, 3),
                    remote.sampler_script(2, 0, ("/workspace", "~/data dir"))):
         bash_ok(script)
-    assert "home_path '~/my runs'" in remote.launch_script(spec)
+    assert "home_path wd '~/my runs'" in remote.launch_script(spec)
 
 
 def test_the_lister_reads_a_job_folder_here(tmp_path: Path) -> None:
