@@ -241,10 +241,14 @@ def jobs_table(listed: Sequence[HostJobs], notes: Sequence[str] = (),
     many = len(listed) > 1
     t = Table(title="jobs" + ("" if many else f": {listed[0].host}" if listed else ""),
               title_justify="left")
+    widest = {"job": max((len(j.id) + (9 if j.nnodes > 1 else 0) for h in listed
+                          for j in h.jobs), default=3),
+              "state": max((len(j.label) for h in listed for j in h.jobs), default=5)}
     for col in (["host"] if many else []) + ["job", "state", "started", "for", "GPUs",
                                               "GPU mem", "log", "last line"]:
-        # ids are copied from here: never cut; the last line folds
-        t.add_column(col, overflow="fold", no_wrap=col in ("job", "state", "started"))
+        # ids are copied from here: never cut; the last line is cut to the width left
+        t.add_column(col, overflow="ellipsis" if col == "last line" else "fold", no_wrap=True,
+                     min_width=widest.get(col))
     for h in listed:
         for j in h.jobs:
             colour = "green" if j.running else "red" if j.failed else "default"
@@ -290,7 +294,7 @@ def watch_view(monitor: Monitor, hosts: Sequence[str], notes: Sequence[str] = ()
         g.add_column(col, justify="right" if col not in ("host", "clocks held by") else "left")
     j = Table(show_header=True, title=None)
     for col in ("host", "job", "state", "for", "GPUs", "GPU mem", "log", "last line"):
-        j.add_column(col, overflow="fold", no_wrap=col in ("job", "state"))
+        j.add_column(col, overflow="ellipsis" if col == "last line" else "fold", no_wrap=True)
     lines: list[Any] = []
     alerts = []
     for host in hosts:

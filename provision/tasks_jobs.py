@@ -305,10 +305,14 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
             raise Exit(code=max(x for x in bad if x is not None))
 
 
-@task(help={"json": "print the jobs as JSON",
+SHOWN = 10  # ended jobs `jobs` shows per host, newest first (running ones always)
+
+
+@task(help={"json": "print the jobs as JSON", "all": f"every job, not only the running ones "
+                                                     f"and the {SHOWN} newest others",
             "hosts": "several hosts (or a group) in one table"})
 @reports_errors
-def jobs(c: Context, json_: bool = False, hosts: str | None = None) -> None:
+def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None = None) -> None:
     """Each job on the host: state (running / exited N / killed by OOM / lost in a reboot),
     start, duration, GPUs, the GPU memory its processes hold, log size and last line.
 
@@ -324,10 +328,20 @@ def jobs(c: Context, json_: bool = False, hosts: str | None = None) -> None:
                                                             for j in found.jobs))
 
     listed = on_each(targets, one)
+    notes = []
+    if not all_:
+        shown = []
+        for h in listed:
+            ended = [j for j in h.jobs if not j.running]
+            keep = {j.id for j in ended[:SHOWN]} | {j.id for j in h.jobs if j.running}
+            shown.append(replace(h, jobs=tuple(j for j in h.jobs if j.id in keep)))
+            if len(ended) > SHOWN:
+                notes.append(f"{h.host}: {len(ended) - SHOWN} older job(s) not shown (--all)")
+        listed = shown
     if json_:
         output.print_json([j.as_json(h.now) for h in listed for j in h.jobs])
     else:
-        output.jobs_table(listed, idle_cost_notes(targets, listed))
+        output.jobs_table(listed, notes + idle_cost_notes(targets, listed))
 
 
 jobs.whole_fleet = True

@@ -92,7 +92,7 @@ class Gp:
         return str(json.loads(r.stdout)["id"])
 
     def jobs(self, inv: str) -> dict[str, dict[str, Any]]:
-        return {j["id"]: j for j in json.loads(self.ok("-H", inv, "jobs", "--json").stdout)}
+        return {j["id"]: j for j in json.loads(self.ok("-H", inv, "jobs", "--json", "--all").stdout)}
 
 
 @pytest.fixture()
