@@ -241,25 +241,34 @@ def jobs_table(listed: Sequence[HostJobs], notes: Sequence[str] = (),
     many = len(listed) > 1
     t = Table(title="jobs" + ("" if many else f": {listed[0].host}" if listed else ""),
               title_justify="left")
-    widest = {"job": max((len(j.id) + (9 if j.nnodes > 1 else 0) for h in listed
-                          for j in h.jobs), default=3),
-              "state": max((len(j.label) for h in listed for j in h.jobs), default=5)}
-    for col in (["host"] if many else []) + ["job", "state", "started", "for", "GPUs",
-                                              "GPU mem", "log", "last line"]:
-        # ids are copied from here: never cut; the last line is cut to the width left
-        t.add_column(col, overflow="ellipsis" if col == "last line" else "fold", no_wrap=True,
-                     min_width=widest.get(col))
+    rows: list[list[str]] = []
+    styles: list[str] = []
     for h in listed:
         for j in h.jobs:
-            colour = "green" if j.running else "red" if j.failed else "default"
+            styles.append("green" if j.running else "red" if j.failed else "default")
             started = time.strftime("%m-%d %H:%M", time.localtime(j.started)) if j.started else "-"
             rank = f" (rank {j.rank})" if j.nnodes > 1 else ""
-            row: list[Text | str] = [Text(j.id + rank), Text(j.label, style=colour), started,
-                   duration(j.duration(h.now)), ",".join(map(str, j.gpus)) or "-",
-                   f"{j.gpu_memory_mib} MiB" if j.gpu_memory_mib is not None else "-",
-                   size(j.log_size), Text(j.last_line[:160])]
-            t.add_row(*([Text(h.host)] if many else []), *row)
-    if not any(h.jobs for h in listed):
+            rows.append(([h.host] if many else []) + [
+                j.id + rank, j.label, started, duration(j.duration(h.now)),
+                ",".join(map(str, j.gpus)) or "-",
+                f"{j.gpu_memory_mib} MiB" if j.gpu_memory_mib is not None else "-",
+                size(j.log_size), j.last_line[:160]])
+    cols = (["host"] if many else []) + ["job", "state", "started", "for", "GPUs", "GPU mem", "log",
+                                         "last line"]
+    widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(cols)]
+    left = out.width - sum(widths[:-1]) - 3 * len(cols) - 1
+    for i, col in enumerate(cols):
+        # every cell but the last line is shown whole (ids are copied from here); the last line
+        # gets the width that is left
+        last = col == "last line"
+        t.add_column(col, no_wrap=True, overflow="ellipsis" if last else "fold",
+                     min_width=None if last else widths[i],
+                     max_width=max(12, min(left, widths[i])) if last else None)
+    for r, style in zip(rows, styles, strict=True):
+        cells: list[Text | str] = [Text(x) for x in r]
+        cells[len(cols) - 7] = Text(r[len(cols) - 7], style=style)  # the state
+        t.add_row(*cells)
+    if not rows:
         out.print("no jobs" + ("" if many else f" on {listed[0].host}" if listed else ""))
     else:
         out.print(t)

@@ -133,8 +133,9 @@ def log_dirs(target: Target) -> tuple[str, ...]:
 
 def how_to_follow(c: Context, hosts: str | None, job: str) -> str:
     """The command that follows the job, with the hosts as the user named them."""
-    where = f"--hosts {hosts}" if hosts else f"-H {getattr(c, 'original_host', None) or '?'}"
-    return f"gpu-provision {where} logs {job} -f"
+    if hosts:
+        return f"gpu-provision logs {job} --hosts {hosts} -f"
+    return f"gpu-provision -H {getattr(c, 'original_host', None) or '?'} logs {job} -f"
 
 
 RUN_HELP = {
