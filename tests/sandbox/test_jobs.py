@@ -393,6 +393,10 @@ def test_two_hosts_torchrun_with_gloo(trained: harness.HostInfo, second: harness
     listed = json.loads(gp.ok("jobs", "--hosts", both, "--json").stdout)
     mine = [(j["host"], j["rank"], j["nnodes"], j["state"]) for j in listed if j["id"] == job]
     assert mine == [(a, 0, 2, "exited 0"), (b, 1, 2, "exited 0")]
+    # -H a,b: watch is one view of both (one call, not one per host)
+    view = json.loads(gp.ok("-H", both, "watch", "--once", "--json").stdout)
+    assert [h["host"] for h in view["hosts"]] == [a, b]
+    assert {j["id"] for h in view["hosts"] for j in h["jobs"]} >= {job}
 
 
 def test_no_env_no_job(hosts: Hosts, gp: Gp) -> None:
