@@ -176,14 +176,17 @@ def jobs_link(info: harness.HostInfo, rtt: int, runs: int) -> dict[str, float]:
         inv = info.inventory_with(WORK / f"jobs-{rtt}ms.yaml", host="127.0.0.1", port=proxy.port)
         ssh = ["ssh", "-i", info.key, "-p", str(proxy.port), *SSH_OPTS, "root@127.0.0.1"]
         timed([str(BIN / "gpu-provision"), "-H", inv, "jobs"])  # pins the key (first use)
-        out = {
-            "ssh true": median(lambda i: [*ssh, "true"], runs),
-            "gpu-provision facts": median(
-                lambda i: [str(BIN / "gpu-provision"), "-H", inv, "facts", "--json"], runs),
-            "gpu-provision run": median(
-                lambda i: [str(BIN / "gpu-provision"), "-H", inv, "run", "--name",
-                           f"bench{rtt}x{i}", "--", "true"], runs),
-        }
+        gp = str(BIN / "gpu-provision")
+        argvs = {"ssh true": lambda i: [*ssh, "true"],
+                 "gpu-provision facts": lambda i: [gp, "-H", inv, "facts", "--json"],
+                 "gpu-provision run": lambda i: [gp, "-H", inv, "run", "--name", f"bench{rtt}x{i}",
+                                                 "--", "true"]}
+        # interleaved, so a change in the machine's load weighs on each the same
+        times: dict[str, list[float]] = {k: [] for k in argvs}
+        for i in range(runs):
+            for name, argv in argvs.items():
+                times[name].append(timed(argv(i)))
+        out = {k: statistics.median(v) for k, v in times.items()}
         delays = logs_latency(inv)
         out["logs -f median"] = statistics.median(delays)
         out["logs -f p95"] = percentile(delays, 0.95)
@@ -237,10 +240,14 @@ def write_section(title: str, text: str) -> None:
 
 def jobs_section(info: harness.HostInfo, rtts: list[int], runs: int) -> str:
     links = {}
+    loads = [os.getloadavg()[0]]
     for rtt in rtts:
         print(f"jobs at {rtt} ms RTT ...", flush=True)
         links[rtt] = jobs_link(info, rtt, runs)
-    text = jobs_report(links, runs)
+        loads.append(os.getloadavg()[0])
+    text = jobs_report(links, runs) + (
+        f"\n\nThe machine's 1-minute load average while this ran: {min(loads):.1f}-{max(loads):.1f} "
+        f"on {os.cpu_count()} cores (the tool's Python start-up slows with it; ssh barely does).")
     print(text)
     print(json.dumps({"jobs": links}))
     return text
