@@ -68,13 +68,20 @@ def targets_of(c: Context, hosts: str | None) -> list[Target]:
     return [target_of(c)]
 
 
-def on_each(items: Sequence[A], fn: Callable[[A], T]) -> list[T]:
-    """``fn`` on every host at once, in order; the first failure is raised after all ended."""
+def on_each(items: Sequence[A], fn: Callable[[A], T],
+            stop: Callable[[], None] | None = None) -> list[T]:
+    """``fn`` on every host at once, in order; the first failure is raised after all ended.
+    ``stop``: what makes them end when Ctrl-C comes (close their connections)."""
     if len(items) == 1:
         return [fn(items[0])]
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(items)))) as pool:
         futures = [pool.submit(fn, t) for t in items]
-        errors = [f.exception() for f in futures]
+        try:
+            errors = [f.exception() for f in futures]
+        except KeyboardInterrupt:
+            if stop is not None:
+                stop()
+            raise
     for e in errors:
         if e is not None:
             raise e
@@ -259,6 +266,12 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
     many = len(targets) > 1
     lock = threading.Lock()
     codes: list[int | None] = []
+    streaming: list[Session] = []
+
+    def stop() -> None:
+        with lock:
+            for s in streaming:
+                s.ex.conn.close()
 
     def one(target: Target) -> int | None:
         path = position_path(store, target.name, job)
@@ -274,6 +287,8 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
             _notify(f"{target.name}: resuming where the last reader stopped (--all prints the "
                     "whole log)")
         with opened([target], store, keep_log=False) as [s]:
+            with lock:
+                streaming.append(s)
             try:
                 r = remote.follow_log(s.ex, job, expect=start.job, offset=start.offset,
                                       lines=start.lines, follow=follow, on_line=reader.on_line,
@@ -296,7 +311,7 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
         return 255
 
     try:
-        codes = on_each(targets, one)
+        codes = on_each(targets, one, stop)
     except KeyboardInterrupt:
         raise Exit("stopped following; the job goes on. Run the same command again to resume",
                    code=130) from None

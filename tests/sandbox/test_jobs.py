@@ -399,6 +399,26 @@ def test_two_hosts_torchrun_with_gloo(trained: harness.HostInfo, second: harness
     assert {j["id"] for h in view["hosts"] for j in h["jobs"]} >= {job}
 
 
+def test_a_job_on_each_host_followed_and_stopped_together(trained: harness.HostInfo,
+                                                          second: harness.HostInfo, gp: Gp) -> None:
+    """-H a,b run starts one job on each; Ctrl-C on a reader of both ends it at once (the jobs go
+    on); kill --hosts stops both."""
+    both = f"{trained.inventory},{second.inventory}"
+    gp.ok("-H", both, "run", "--name", "twin", "--", "python", "-c",
+          "import time; print('up', flush=True); time.sleep(600)")
+    reader = gp.popen("logs", "twin", "--hosts", both, "-f")
+    assert sorted(lines_of(reader, 2)) == sorted(f"{Path(i.inventory).stem}: up"
+                                                 for i in (trained, second))
+    reader.send_signal(signal.SIGINT)
+    out, err = rest_of(reader)
+    assert reader.returncode == 130 and "stopped following; the job goes on" in err
+    assert all(j["state"] == "running" for j in json.loads(
+        gp.ok("jobs", "--hosts", both, "--json").stdout) if j["name"] == "twin")
+    killed = json.loads(gp.ok("kill", "twin", "--hosts", both, "--json", "--grace", "5").stdout)
+    assert [(k["steps"][0]["signal"], k["steps"][0]["ended"]) for k in killed] == \
+        [("SIGINT", True), ("SIGINT", True)]
+
+
 def test_no_env_no_job(hosts: Hosts, gp: Gp) -> None:
     """A host that was never bootstrapped: refused, one line, nothing written there."""
     info = hosts.get("cpu-only")
