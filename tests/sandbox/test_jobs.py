@@ -452,3 +452,22 @@ def test_validations_all_reduce_measures_and_bounds_a_hang(trained: harness.Host
                 continue
         return left
     wait_for(lambda: not marked(), "a worker of the hung run outlived it", 30)
+
+
+STUBBORN = ("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGTERM, lambda *a: print('TERM ignored', flush=True))\n"
+            "print('up', flush=True)\nwhile True: time.sleep(0.2)\n")
+
+
+def test_kill_escalates_to_sigkill_for_a_job_that_ignores_the_others(trained: harness.HostInfo,
+                                                                     gp: Gp) -> None:
+    inv = trained.inventory
+    job = gp.start(inv, "--name", "stubborn", "--", "python", "-c", STUBBORN)
+    wait_for(lambda: "up" in gp.ok("-H", inv, "logs", job, "--all").stdout, "it never started")
+    k = gp.ok("-H", inv, "kill", job, "--grace", "1")
+    assert f"job {job}: SIGINT: still running after 1s; SIGTERM: still running after " in k.stdout
+    assert "SIGKILL: ended after" in k.stdout and "(exit code 137)" in k.stdout
+    j = gp.jobs(inv)[job]
+    assert (j["state"], j["exit_code"], j["last_line"]) == ("killed (SIGKILL)", 137, "TERM ignored")
+    again = gp.ok("-H", inv, "kill", job)
+    assert again.stdout.strip() == f"{Path(inv).stem}: job {job} was not running"
