@@ -12,13 +12,18 @@ from provision.tasks import (  # noqa: F401
     facts,
     forget_host_key,
     forget_secrets,
+    jobs,
+    kill,
+    logs,
     pick,
     plan,
     refresh_compat,
     repin,
+    run,
     torch_task,
     verify,
     validate,
+    watch,
 )
 
 # `fab -H a,b,c <task>` runs the hosts in parallel with one summary table, like `gpu-provision`:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from .compat import TorchChoice
 from .doctor import Finding
@@ -18,7 +20,13 @@ from .facts.host import HostFacts
 from .plan import Plan
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+
     from .bootstrap import Applied
+    from .jobs.monitor import Monitor
+    from .jobs.remote import Launched
+    from .jobs.spec import JobSpec
+    from .jobs.state import HostJobs
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -182,3 +190,152 @@ def compare_table(rows: Sequence[Any], notes: Sequence[str], out: Console = cons
     out.print(t)
     for n in notes:
         out.print(f"note: {escape(n)}")
+
+
+# -- jobs: run, logs, jobs, kill, watch ---------------------------------------------------------
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else \
+        f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def job_started(started: Sequence[Launched], specs: Sequence[JobSpec], follow: str,
+                out: Console = console) -> None:
+    for x, spec in zip(started, specs, strict=True):
+        gpus = f"GPUs {x.gpus}" if x.gpus else "no GPU"
+        how = f"tmux session {x.session}" if x.launcher == "tmux" else "setsid"
+        rank = f" rank {spec.rank}/{spec.nnodes}" if spec.nnodes > 1 else ""
+        out.print(f"{escape(x.host)}: started job [bold]{escape(x.id)}[/]{rank} (pid {x.wrapper}, "
+                  f"{gpus}, {how}) in {escape(x.workdir)}")
+        out.print(f"  $ {escape(' '.join(quote_arg(a) for a in spec.argv))}", highlight=False)
+        out.print(f"  log {escape(x.log)}")
+    out.print(f"follow it: {escape(follow)}")
+
+
+def quote_arg(arg: str) -> str:
+    from .command import quote
+    return quote(arg)
+
+
+def log_line(line: str, out: Console = console) -> None:
+    """One line of a job's log, as it is (no markup, no wrapping)."""
+    out.file.write(line + "\n")
+    out.file.flush()
+
+
+def jobs_table(listed: Sequence[HostJobs], notes: Sequence[str] = (),
+               out: Console = console) -> None:
+    many = len(listed) > 1
+    t = Table(title="jobs" + ("" if many else f": {listed[0].host}" if listed else ""),
+              title_justify="left")
+    rows: list[list[str]] = []
+    styles: list[str] = []
+    for h in listed:
+        for j in h.jobs:
+            styles.append("green" if j.running else "red" if j.failed else "default")
+            started = time.strftime("%m-%d %H:%M", time.localtime(j.started)) if j.started else "-"
+            rank = f" (rank {j.rank})" if j.nnodes > 1 else ""
+            rows.append(([h.host] if many else []) + [
+                j.id + rank, j.label, started, duration(j.duration(h.now)),
+                ",".join(map(str, j.gpus)) or "-",
+                f"{j.gpu_memory_mib} MiB" if j.gpu_memory_mib is not None else "-",
+                size(j.log_size), j.last_line[:160]])
+    cols = (["host"] if many else []) + ["job", "state", "started", "for", "GPUs", "GPU mem", "log",
+                                         "last line"]
+    widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(cols)]
+    left = out.width - sum(widths[:-1]) - 3 * len(cols) - 1
+    for i, col in enumerate(cols):
+        # every cell but the last line is shown whole (ids are copied from here); the last line
+        # gets the width that is left
+        last = col == "last line"
+        t.add_column(col, no_wrap=True, overflow="ellipsis" if last else "fold",
+                     min_width=None if last else widths[i],
+                     max_width=max(12, min(left, widths[i])) if last else None)
+    for r, style in zip(rows, styles, strict=True):
+        cells: list[Text | str] = [Text(x) for x in r]
+        cells[len(cols) - 7] = Text(r[len(cols) - 7], style=style)  # the state
+        t.add_row(*cells)
+    if not rows:
+        out.print("no jobs" + ("" if many else f" on {listed[0].host}" if listed else ""))
+    else:
+        out.print(t)
+    for n in notes:
+        out.print(f"[yellow]note:[/] {escape(n)}")
+
+
+def kill_report(report: Mapping[str, Any], out: Console = console) -> None:
+    host, job = escape(str(report["host"])), escape(str(report["id"]))
+    if not report.get("was_running"):
+        out.print(f"{host}: job {job} was not running")
+        return
+    parts = [f"{s['signal']}: {'ended' if s['ended'] else 'still running'} after {s['after']}s"
+             for s in report.get("steps") or []]
+    rc = (report.get("exit") or {}).get("rc")
+    out.print(f"{host}: job {job}: {'; '.join(parts)}" + (f" (exit code {rc})" if rc is not None else ""))
+
+
+def _of(value: float | None, limit: float | None, unit: str, fmt: str = ".0f") -> str:
+    """``12/24 GiB``, ``41 C``; ``-`` for a value nvidia-smi did not give."""
+    if value is None:
+        return "-"
+    return f"{value:{fmt}}" + (f"/{limit:{fmt}}" if limit is not None else "") + unit
+
+
+def watch_view(monitor: Monitor, hosts: Sequence[str], notes: Sequence[str] = ()) -> RenderableType:
+    """The live view: GPUs, jobs, disk and memory of every host, then the alerts."""
+    from rich.console import Group
+
+    g = Table(title=f"watch: {', '.join(hosts)} ({time.strftime('%H:%M:%S')})", title_justify="left")
+    for col in ("host", "GPU", "util", "memory", "temp", "power", "SM clock", "clocks held by"):
+        g.add_column(col, justify="right" if col not in ("host", "clocks held by") else "left")
+    j = Table(show_header=True, title=None)
+    for col in ("host", "job", "state", "for", "GPUs", "GPU mem", "log", "last line"):
+        j.add_column(col, overflow="ellipsis" if col == "last line" else "fold", no_wrap=True)
+    lines: list[Any] = []
+    alerts = []
+    for host in hosts:
+        s = monitor.latest.get(host)
+        if s is None:
+            lines.append(Text(f"{host}: {monitor.errors.get(host, 'waiting for the first sample')}",
+                              style="red" if host in monitor.errors else "dim"))
+            continue
+        for x in s.gpus:
+            g.add_row(host, str(x.index), _of(x.utilization_pct, None, "%"),
+                      _of(x.memory_used_mib and x.memory_used_mib / 1024,
+                          x.memory_total_mib and x.memory_total_mib / 1024, " GiB", ".1f"),
+                      _of(x.temperature_c, None, " C"), _of(x.power_w, x.power_limit_w, " W"),
+                      _of(x.sm_clock_mhz, x.sm_clock_max_mhz, " MHz"),
+                      Text(", ".join(x.reason_names) or "-",
+                           style="yellow" if x.throttled else "default"))
+        for job in s.jobs:
+            rate = monitor.log_rate.get((host, job.id))
+            j.add_row(host, Text(job.id), Text(job.label, style="green" if job.running else
+                                               "red" if job.failed else "default"),
+                      duration(job.duration(s.t)), ",".join(map(str, job.gpus)) or "-",
+                      f"{job.gpu_memory_mib} MiB" if job.gpu_memory_mib is not None else "-",
+                      size(job.log_size) + (f" +{size(rate)}/s" if rate else ""),
+                      Text(job.last_line[:120]))
+        disks = ", ".join(f"{d.path} {d.free_gb}/{d.total_gb} GB free" for d in s.disks)
+        lines.append(Text(f"{host}: memory {s.memory_available_gb}/{s.memory_gb} GB free; disk "
+                          f"{disks or '-'}" + (f"; {s.gpu_note}" if s.gpu_note else "")))
+        alerts += monitor.alerts(host)
+    colour = {"error": "red", "warning": "yellow", "info": "cyan"}
+    parts: list[Any] = [g] if g.row_count else [Text("no GPU on " + ", ".join(hosts), style="dim")]
+    parts += [j] if j.row_count else [Text("no jobs", style="dim")]
+    parts += lines
+    parts += [Text(f"{a.level}: {a.host}: {a.text}", style=colour[a.level]) for a in alerts]
+    parts += [Text(f"note: {n}", style="yellow") for n in notes]
+    return Group(*parts)

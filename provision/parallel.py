@@ -24,18 +24,29 @@ MAX_PARALLEL = int(os.environ.get("GPU_PROVISION_PARALLEL", "8"))
 
 class ParallelExecutor(Executor):  # type: ignore[misc]
     def expand_calls(self, calls: Any, apply_hosts: bool = True) -> Any:
-        """Inventory groups in ``-H`` become their member hosts first."""
+        """Inventory groups in ``-H`` become their member hosts first. A task that takes the
+        words after ``--`` as its command (``takes_command``: ``run``) keeps them from Fabric,
+        which would run them through a shell on every host."""
         hosts = self.core[0].args.hosts if apply_hosts and self.core else None
         if hosts is not None and hosts.value:
             try:
                 hosts.value = ",".join(expand_hosts(hosts.value))
             except ProvisionError as exc:
                 raise Exit(f"error: {exc}", code=exc.exit_code) from None
+        remainder = getattr(self.core, "remainder", "")
+        if remainder and any(getattr(getattr(c, "task", c), "takes_command", False) for c in calls):
+            self.core.remainder = ""
+            try:
+                return super().expand_calls(calls, apply_hosts)
+            finally:
+                self.core.remainder = remainder
         return super().expand_calls(calls, apply_hosts)
 
     def execute(self, *tasks: Any) -> dict[Any, Any]:
         calls = self.expand_calls(self.normalize(tasks))
         hosts = [c for c in calls if getattr(c, "init_kwargs", None)]
+        if len(hosts) >= 2 and all(getattr(c.task, "whole_fleet", False) for c in hosts):
+            return self.whole_fleet(hosts)
         if len(hosts) < 2:
             return super().execute(*tasks)  # type: ignore[no-any-return]
         config = self.config
@@ -53,6 +64,19 @@ class ParallelExecutor(Executor):  # type: ignore[misc]
         if failed:
             raise Exit(code=max(r.code for r in failed))
         return {call.task: r.value for (call, _), (_, r) in zip(jobs, rows, strict=True)}
+
+
+    def whole_fleet(self, calls: list[Any]) -> dict[Any, Any]:
+        """A task that shows every host together (``whole_fleet``: watch's one table, jobs) is
+        called once, with the first host's context and every host in ``hosts``."""
+        first = calls[0]
+        if first.kwargs.get("hosts"):
+            raise Exit("error: give the hosts once: -H a,b or --hosts a,b", code=1)
+        self.config.load_collection(self.collection.configuration(first.called_as))
+        self.config.load_shell_env()
+        ctx = first.make_context(self.config)
+        specs = ",".join(str(c.init_kwargs["host"]) for c in calls)
+        return {first.task: first.task(ctx, *first.args, **{**first.kwargs, "hosts": specs})}
 
 
 def label(ctx: Any) -> str:

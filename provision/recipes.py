@@ -37,6 +37,9 @@ RECIPE_SCHEMA = {
     "mirrors": MIRRORS_SCHEMA,
     "validation": {"min_free_disk_gb": float, "min_memory_gb": float, "min_cpu_cores": int,
                    "min_tflops_ratio": float, "min_bandwidth_ratio": float},
+    # what `run` starts when no command follows --: argv, e.g. [python, train.py, --epochs, "10"]
+    "job": Check([str], lambda xs: None if xs and all(x and "\x00" not in x for x in xs) else
+                 f"{xs!r}: the command as a list of its words, e.g. [python, train.py]"),
 }
 
 PLATFORM_SCHEMA = {
@@ -113,6 +116,7 @@ class Recipe:
     miniconda_sha256: str | None = None
     mirrors: Mapping[str, Any] = field(default_factory=dict)
     validation: Mapping[str, float] = field(default_factory=dict)
+    job: tuple[str, ...] = ()  # what `run` starts when no command is given
 
 
 def _yaml_names(folder: Traversable) -> set[str]:

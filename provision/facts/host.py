@@ -14,6 +14,7 @@ import yaml
 
 from ..compat import dotted, load_compat, parse_compute_cap
 from .cuda import parse_nvcc
+from .network import NetAddress, parse_default_route, parse_ip_addr
 from .nvidia import (
     STATE_TEXT,
     Gpu,
@@ -99,6 +100,8 @@ class HostFacts:
     nvidia_output: str = ""  # nvidia-smi's own words when it failed (what doctor matches)
     step_logs: Mapping[str, str] = field(default_factory=dict)  # step -> tail of its host log
     now: float = 0.0  # the host's clock (epoch seconds) when the facts were read
+    addresses: tuple[NetAddress, ...] = ()  # every interface's addresses (ip -o addr show)
+    default_iface: str | None = None  # the interface of the default route
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -335,6 +338,8 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         nvidia_output=q_out.strip()[:4000] if state not in (None, "no_driver") else "",
         step_logs=parse_step_logs(_ok(probes, "step_logs") or ""),
         now=float((_ok(probes, "now") or "0").strip() or 0),
+        addresses=parse_ip_addr(_ok(probes, "net_addrs") or ""),
+        default_iface=parse_default_route(_ok(probes, "net_route") or ""),
     )
 
 

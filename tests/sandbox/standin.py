@@ -711,6 +711,8 @@ def nvidia_smi(args: list[str], st: dict) -> int:
         if "compute_cap" in fields and gpu.get("no_compute_cap"):
             sys.stdout.write(fixture("fail-query-compute-cap-invalid-field.txt"))
             return 2
+        if "nounits" in fmt or loop_seconds(args) is not None:
+            return sample_rows(fields, fmt, gpu, drv, loop_seconds(args))
         out = io.StringIO()
         if "noheader" not in fmt:
             out.write(", ".join(gpu["units"].get(f, f) for f in fields) + "\n")
@@ -739,6 +741,47 @@ def nvidia_smi(args: list[str], st: dict) -> int:
         return 2
     sys.stdout.write(subst_versions(fixture(gpu["fixtures"]["table"]), st))
     return 0
+
+
+def loop_seconds(args: list[str]) -> float | None:
+    """``-l N`` / ``--loop=N`` (seconds) or ``-lms N`` / ``--loop-ms=N``: sample again and again."""
+    for i, a in enumerate(args):
+        for flag, scale in (("-l", 1.0), ("--loop", 1.0), ("-lms", 0.001), ("--loop-ms", 0.001)):
+            if a == flag and i + 1 < len(args):
+                return float(args[i + 1]) * scale
+            if a.startswith(flag + "="):
+                return float(a.split("=", 1)[1]) * scale
+    return None
+
+
+def sample_rows(fields: list[str], fmt: str, gpu: dict, drv: dict, loop: float | None) -> int:
+    """--query-gpu with nounits and/or a loop, as nvidia-smi prints them: the captured rows each
+    time (a sample of an idle GPU), the unit dropped from each cell whose header names one, and
+    the sample's own timestamp in nvidia-smi's format."""
+    units = {f: gpu["units"][f].rsplit("[", 1)[1].rstrip("]") for f in fields
+             if "[" in gpu["units"].get(f, "")}
+    while True:
+        now = time.time()
+        stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+        out = io.StringIO()
+        if "noheader" not in fmt:
+            out.write(", ".join(f if "nounits" in fmt else gpu["units"].get(f, f) for f in fields) + "\n")
+        for row in gpu["rows"]:
+            row = dict(row, driver_version=drv["loaded"], timestamp=stamp)
+            cells = [str(row.get(f, "[N/A]")) for f in fields]
+            if "nounits" in fmt:
+                cells = [c.removesuffix(" " + units[f]) if f in units else c
+                         for f, c in zip(fields, cells, strict=True)]
+            out.write(", ".join(cells) + "\n")
+        try:
+            sys.stdout.write(out.getvalue())
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader went away, as it ends nvidia-smi -l
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        if loop is None:
+            return 0
+        time.sleep(loop)
 
 
 def lspci(args: list[str], st: dict) -> int:
@@ -862,6 +905,9 @@ def main() -> int:
         os.replace(STATE + ".tmp", STATE)
         return rc
     st = State()
+    if tool == "nvidia-smi" and loop_seconds(args) is not None:
+        st.close()  # it samples until its reader goes: it must not hold the state's lock
+        return nvidia_smi(args, st.data)
     try:
         rc = TOOLS[tool](args, st.data)
         st.save()
