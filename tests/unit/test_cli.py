@@ -30,8 +30,8 @@ def test_console_script_carries_the_same_tasks(tmp_path: Path) -> None:
 def test_host_task_without_host_says_so(tmp_path: Path) -> None:
     r = subprocess.run([str(BIN / "gpu-provision"), "facts"], cwd=tmp_path, capture_output=True,
                        text=True)
-    assert r.returncode == 1
-    assert "this task needs a host: -H <inventory name | user@host:port>" in r.stderr
+    assert r.returncode == 2  # a usage error
+    assert r.stderr == "error: this task needs a host: -H <inventory name | user@host:port>\n"
 
 
 def test_bad_inventory_on_the_command_line(tmp_path: Path) -> None:
