@@ -168,7 +168,7 @@ def verify(c: Context, junit: str | None = None) -> None:
     from .extras import need
     need("pytest", "testinfra", extra="verify")
     from .command import Command
-    from .connection import connect
+    from .connection import connect, host_arg
     from .executor import Executor
     from .store import Store
     from .suite import run_suite
@@ -184,7 +184,7 @@ def verify(c: Context, junit: str | None = None) -> None:
         if seen.exit_code != 0:
             raise ProvisionError(f"{target.name}: this host was never bootstrapped by "
                                  "gpu-provision (no ~/.gpu-provision/expected.json), so there is "
-                                 f"nothing to verify; run: gpu-provision -H {c.original_host} "
+                                 f"nothing to verify; run: gpu-provision -H {host_arg(target)} "
                                  "bootstrap")
         code = run_suite(conn, target, path)
     finally:

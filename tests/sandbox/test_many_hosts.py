@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -38,11 +39,16 @@ def test_three_hosts_and_a_dead_one(hosts: Hosts, gp_home: Path, program: str) -
     else:
         r = gpu_provision("-i", key, "-H", spec, "plan", "--json", home=gp_home)
     assert r.returncode == 1  # one host failed
-    assert "summary: 4 hosts" in r.stdout
-    assert f"{dead.split('@')[1]}: error: " in r.stderr or "connection refused" in r.stderr
-    summary = r.stdout[r.stdout.index("summary: 4 hosts"):]
-    for i in infos:
-        assert f"root@{i.host}:{i.port}" in r.stdout  # every live host's plan was printed
+    # --json: stdout holds one JSON line per host (the dead one's an error object); the people's
+    # part, each host's error and the summary, is on stderr
+    docs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert sorted(d["host"] for d in docs if "decisions" in d) == sorted(
+        f"root@{i.host}:{i.port}" for i in infos)  # every live host's plan was printed
+    [error] = [d for d in docs if "error" in d]
+    assert error["host"] == dead and error["exit_code"] == 1
+    assert "connection refused" in error["error"]
+    assert f"{dead}: error: connection refused: " in r.stderr
+    summary = r.stderr[r.stderr.index("summary: 4 hosts"):]
     lines = [ln for ln in summary.splitlines() if "root@" in ln]
     for i in infos:
         assert any(f"root@{i.host}:{i.port}" in ln and "│ ok" in ln for ln in lines), summary
