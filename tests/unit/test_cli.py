@@ -150,3 +150,15 @@ def test_piped_tables_are_not_cut(tmp_path: Path) -> None:
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("│")]
     assert len(rows) == 2 and "lambda-h100-sxm (published)" in rows[0]
     assert "NVIDIA A100-SXM4-40GB x1" in rows[1] and "0.00474 USD" in rows[1]
+
+
+def test_every_environment_variable_is_documented() -> None:
+    """Each GPU_PROVISION_* variable the code reads is in the README's table."""
+    import re
+    read = set()
+    for path in (ROOT / "provision").rglob("*.py"):
+        read |= set(re.findall(r"environ(?:\.get\(|\[)\s*\"(GPU_PROVISION_[A-Z_]+)\"",
+                               path.read_text()))
+    assert read >= {"GPU_PROVISION_HOME", "GPU_PROVISION_WORKDIR", "GPU_PROVISION_INVENTORIES"}
+    readme = (ROOT / "README.md").read_text()
+    assert {v for v in read if f"| `{v}` |" not in readme} == set()
