@@ -10,6 +10,7 @@ IP met through a new inventory file is a new pin, and a reused IP:port is caught
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 import tempfile
@@ -31,6 +32,11 @@ AUTH_REFUSED, HOST_KEY_CHANGED, REFUSED = "auth refused", "host key changed", "c
 TIMEOUT, NOT_RESOLVED, SSH_FAILED = "timeout", "name not resolved", "ssh failed"
 NO_KEY = "no usable key"
 DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa", "~/.ssh/id_dsa")
+
+
+# paramiko logs a failed handshake from its transport thread ("Exception (client): Error
+# reading SSH protocol banner"); with no handler Python prints it to stderr, around our own line
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def default_timeout() -> int:
