@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from urllib.parse import urlparse
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?"
                         r"([<>=!~]=?[A-Za-z0-9.*+!]+(,[<>=!~]=?[A-Za-z0-9.*+!]+)*)?$")
@@ -50,6 +48,7 @@ def torch_spec(value: str) -> str | None:
     v = value.strip()
     if re.fullmatch(r"\d+(\.\d+){0,2}", v):
         return None
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet  # only ranges need it
     try:
         SpecifierSet(v)
     except InvalidSpecifier:
