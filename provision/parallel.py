@@ -20,7 +20,8 @@ from .errors import ProvisionError, RemoteError
 from .inventory import expand_hosts, resolve_target
 from .taskkit import take_command
 
-MAX_PARALLEL = int(os.environ.get("GPU_PROVISION_PARALLEL", "8"))
+# the work is waiting on the network: threads are cheap, a second wave of hosts is not
+MAX_PARALLEL = int(os.environ.get("GPU_PROVISION_PARALLEL", "32"))
 
 
 class ParallelExecutor(Executor):  # type: ignore[misc]
