@@ -21,8 +21,8 @@ extra; they are installed into .venv when missing):
     .venv/bin/python bench/speed.py [--runs 5] [--rtt 0,200] [--hosts 1,4,16] [--many-rtt 200]
                                     [--only startup,script,links,many] [--no-others] [--write]
 
---write adds the figures, the machine and the date to bench/RESULTS.md as a new section (the
-earlier ones stay).
+--write adds the figures, the machine and the date to bench/RESULTS.md as a new section above
+the earlier ones (which stay); the prose on targets is written by hand.
 """
 
 from __future__ import annotations
@@ -369,7 +369,8 @@ def main() -> None:
         section = (f"\n## {time.strftime('%Y-%m-%d %H:%M')}: `bench/speed.py {args}`\n\n"
                    f"{time.time() - started:.0f} s on {header}.\n\n{text}\n")
         path = ROOT / "bench" / "RESULTS.md"
-        path.write_text(path.read_text() + section)
+        intro, sep, earlier = path.read_text().partition("\n## ")  # newest first
+        path.write_text(intro.rstrip("\n") + "\n" + section + (sep + earlier if sep else ""))
 
 
 if __name__ == "__main__":
