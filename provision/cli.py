@@ -24,7 +24,8 @@ from invoke.program import Program
 from . import __version__, tasks
 from .taskkit import EXIT_USAGE, refusal, take_command
 
-HOSTS_HELP = ("comma-separated hosts: inventory names (./inventories/<name>.yaml, see README), "
+HOSTS_HELP = ("comma-separated hosts: inventory names (NAME.yaml in ./inventories/, "
+              "$GPU_PROVISION_INVENTORIES, ~/.config/gpu-provision/inventories/, the examples), "
               "inventory files, groups, or user@host[:port]")
 
 # Invoke's run-time flags that have no meaning here: they drive Context.run, and the tasks run
