@@ -47,8 +47,10 @@ def test_authorize_installs_the_key_with_the_password_once(hosts: Hosts, gp_home
 
         wrong = gpu_provision("-H", target, "-i", str(tmp_path / "none"), "authorize",
                               home=gp_home, cwd=tmp_path)
-        assert wrong.returncode == 1 and "cannot read the public key" not in wrong.stderr
-        assert "no private key" in wrong.stderr
+        # a key file that is not there: a usage error, named before anything connects
+        assert wrong.returncode == 2 and "cannot read the public key" not in wrong.stderr
+        assert wrong.stderr == (f"error: -i {tmp_path / 'none'}: no such key file (give the "
+                                "private key to log in with)\n")
         logs = "".join(p.read_text() for p in tmp_path.rglob("*.log"))
         assert password not in logs + r.stdout + r.stderr
     finally:
