@@ -47,15 +47,21 @@ def _make(name: str) -> Console:
     return kept
 
 
+_HUMANS = {"to": "console"}  # which console `console` is: "err_console" once JSON owns stdout
+
+
 def __getattr__(name: str) -> Any:
+    if name == "console" and _HUMANS["to"] == "err_console":
+        name = "err_console"
     if name in ("console", "err_console"):
         return _CONSOLES.get(name) or _make(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def humans_to_stderr() -> None:
-    """From now on what people read goes to stderr: stdout is kept for JSON."""
-    _CONSOLES["console"] = __getattr__("err_console")
+    """From now on what people read goes to stderr: stdout is kept for JSON. (Nothing is
+    imported until something is printed.)"""
+    _HUMANS["to"] = "err_console"
 
 
 def print_json(data: Any) -> None:
