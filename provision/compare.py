@@ -103,6 +103,15 @@ def money(value: float | None, currency: str | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f} {currency or ''}".strip()
 
 
+def significant(value: float | None, currency: str | None = None, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant figures (0.00382 USD, 1.48 USD, 12.3 USD)."""
+    if value is None:
+        return "-"
+    exponent = int(f"{value:e}".split("e")[1])
+    decimals = max(0, digits - 1 - exponent)  # whole numbers stay whole: 1235, not 1.23e+03
+    return f"{value:,.{decimals}f} {currency or ''}".strip()
+
+
 def number(value: float | None, unit: str = "", digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}{unit}"
 

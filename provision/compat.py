@@ -21,11 +21,11 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .errors import ConfigError, NoWheelError, ProvisionError
+from .yamlspec import fast_load
 
 CudaCompat = Literal["strict", "minor"]
 POLICIES: tuple[str, ...] = ("strict", "minor")
@@ -110,7 +110,7 @@ class CompatData:
 
 
 def _load(text: str, path: str) -> CompatData:
-    raw: Any = yaml.safe_load(text)
+    raw: Any = fast_load(text)  # libyaml where there is one: start-up
     try:
         arch_lists = {k: tuple(parse_compute_cap(c) for c in v) for k, v in raw["arch_lists"].items()}
         releases = []

@@ -1,46 +1,103 @@
 """One rich console for everything the user reads; renderers take values and the console to
-print to (``out``, the terminal by default; tests give one that writes to a buffer)."""
+print to (``out``, the terminal by default; tests give one that writes to a buffer).
+
+rich is imported when the first thing is printed, not with this module: ``--json`` output and
+the program's start-up do without it. Nothing is cut: piped (no terminal, no ``$COLUMNS``) a
+table takes its own width, one row per line; on a terminal, or at ``$COLUMNS``, cells wrap
+(``overflow="fold"``) instead of ending in an ellipsis.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
-
-from .compat import TorchChoice
-from .doctor import Finding
-from .facts.host import HostFacts
-from .plan import Plan
-
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    from rich.console import Console, RenderableType
+    from rich.table import Table
 
     from .bootstrap import Applied
+    from .compat import TorchChoice
+    from .doctor import Finding
+    from .facts.host import HostFacts
     from .jobs.monitor import Monitor
     from .jobs.remote import Launched
     from .jobs.spec import JobSpec
     from .jobs.state import HostJobs
+    from .plan import Plan
 
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console: Console  # what people read (stderr once a task prints JSON)
+    err_console: Console  # errors and side notes
+
+_CONSOLES: dict[str, Any] = {}
+_JSON_LOCK = threading.Lock()
+json_lines = False  # several hosts print JSON at once: one compact line each
+
+
+PIPE_WIDTH = 1000  # piped, with no $COLUMNS: a table's own width (a row per line), not 80
+
+
+def _make(name: str) -> Console:
+    from rich.console import Console
+    stream = sys.stdout if name == "console" else sys.stderr
+    piped = not stream.isatty() and not os.environ.get("COLUMNS")
+    made = Console(stderr=name != "console", highlight=False, soft_wrap=True,
+                   width=PIPE_WIDTH if piped else None)
+    kept: Console = _CONSOLES.setdefault(name, made)
+    return kept
+
+
+_HUMANS = {"to": "console"}  # which console `console` is: "err_console" once JSON owns stdout
+
+
+def __getattr__(name: str) -> Any:
+    if name == "console" and _HUMANS["to"] == "err_console":
+        name = "err_console"
+    if name in ("console", "err_console"):
+        return _CONSOLES.get(name) or _make(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def humans_to_stderr() -> None:
+    """From now on what people read goes to stderr: stdout is kept for JSON. (Nothing is
+    imported until something is printed.)"""
+    _HUMANS["to"] = "err_console"
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    sys.stdout.flush()
+    """One JSON value on stdout (with several hosts at once: one line per value)."""
+    text = json.dumps(data, default=str) if json_lines else \
+        json.dumps(data, indent=2, sort_keys=False, default=str)
+    with _JSON_LOCK:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
 
 
-def facts_table(host: str, f: HostFacts, out: Console = console) -> None:
-    t = Table(title=f"facts: {host}", show_header=False, title_justify="left")
-    t.add_column("fact", style="bold")
-    t.add_column("value")
+def table(title: str, *columns: str, show_header: bool = True, **kw: Any) -> Table:
+    """A table whose cells wrap rather than being cut; ``columns`` ending in ``>`` are
+    right-aligned, the first is bold."""
+    from rich.table import Table
+    t = Table(title=title, title_justify="left", show_header=show_header, **kw)
+    for i, col in enumerate(columns):
+        right = col.endswith(">")
+        t.add_column(col.rstrip(">"), justify="right" if right else "left", overflow="fold",
+                     style="bold" if i == 0 else None)
+    return t
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+    return rich_escape(text)
+
+
+def facts_table(host: str, f: HostFacts, out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    t = table(f"facts: {host}", "fact", "value", show_header=False)
     gpus = ", ".join(f"{g.index}: {g.name} ({g.memory_total_mib} MiB, sm {g.compute_cap}, "
                      f"{g.memory_used_mib} MiB used, {g.utilization_pct}% busy)" for g in f.gpus)
     rows = [
@@ -79,11 +136,9 @@ def facts_table(host: str, f: HostFacts, out: Console = console) -> None:
         out.print(f"[yellow]warning:[/] {w}")
 
 
-def plan_table(plan: Plan, out: Console = console) -> None:
-    t = Table(title=f"plan: {plan.host} (dry run: nothing was changed)", title_justify="left")
-    t.add_column("step", style="bold")
-    t.add_column("action")
-    t.add_column("why")
+def plan_table(plan: Plan, out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    t = table(f"plan: {plan.host} (dry run: nothing was changed)", "step", "action", "why")
     for d in plan.decisions:
         t.add_row(d.step, d.action if d.changes else "[dim]nothing to do[/]", d.reason)
     out.print(t)
@@ -93,7 +148,8 @@ def plan_table(plan: Plan, out: Console = console) -> None:
         out.print(f"[red]blocked:[/] {plan.blocked}")
 
 
-def choice_text(choice: TorchChoice, out: Console = console) -> None:
+def choice_text(choice: TorchChoice, out: Console | None = None) -> None:
+    out = out or __getattr__("console")
     tv = f" torchvision {choice.torchvision}" if choice.torchvision else ""
     ta = f" torchaudio {choice.torchaudio}" if choice.torchaudio else " (no torchaudio)"
     out.print(f"[bold]{choice.label}[/]{tv}{ta}")
@@ -111,32 +167,29 @@ def choice_text(choice: TorchChoice, out: Console = console) -> None:
 
 
 def verdict_table(host: str, report: Mapping[str, Any], path: Any,
-                  out: Console = console) -> None:
+                  out: Console | None = None) -> None:
+    out = out or __getattr__("console")
     colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}[report["verdict"]]
-    t = Table(title=f"validate: {host} ({report['mode']} mode, torch {report.get('torch')}, "
-                    f"CUDA {report.get('cuda')})", title_justify="left")
-    t.add_column("check", style="bold")
-    t.add_column("status")
-    t.add_column("reason")
+    t = table(f"validate: {host} ({report['mode']} mode, torch {report.get('torch')}, "
+              f"CUDA {report.get('cuda')})", "check", "status", "reason")
     for c in report["checks"]:
         t.add_row(c["name"], c["status"].upper(), c["reason"])
     out.print(t)
     out.print(f"verdict: [bold {colour}]{report['verdict']}[/] (report: {path})")
 
 
-def steps_table(applied: Applied, out: Console = console) -> None:
-    t = Table(title=f"bootstrap: {applied.host} ({applied.executions} remote executions)",
-              title_justify="left")
-    t.add_column("step", style="bold")
-    t.add_column("result")
-    t.add_column("seconds", justify="right")
+def steps_table(applied: Applied, out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    t = table(f"bootstrap: {applied.host} ({applied.executions} remote executions)",
+              "step", "result", "seconds>")
     for s in applied.steps:
         t.add_row(s.name, s.result, f"{s.seconds:.1f}")
     out.print(t)
 
 
-def findings_table(host: str, findings: Sequence[Finding], out: Console = console) -> None:
+def findings_table(host: str, findings: Sequence[Finding], out: Console | None = None) -> None:
     """Blocks, not a table: fixes hold commands the user copies whole."""
+    out = out or __getattr__("console")
     if not findings:
         out.print(f"doctor: {host}: no known problem found")
         return
@@ -150,12 +203,11 @@ def findings_table(host: str, findings: Sequence[Finding], out: Console = consol
         out.print(f"  [dim]seen in {escape(f.evidence)}[/]")
 
 
-def bench_table(host: str, r: dict[str, Any], path: Any, out: Console = console) -> None:
+def bench_table(host: str, r: dict[str, Any], path: Any, out: Console | None = None) -> None:
     from .compare import number
-    t = Table(title=f"bench: {host} ({r['mode']} mode, torch {r.get('torch')})",
-              title_justify="left", show_header=False)
-    t.add_column("figure", style="bold")
-    t.add_column("value")
+    out = out or __getattr__("console")
+    t = table(f"bench: {host} ({r['mode']} mode, torch {r.get('torch')})", "figure", "value",
+              show_header=False)
     for dtype, v in (r.get("tflops") or {}).items():
         t.add_row(f"matmul {dtype}", f"{v} TFLOPS")
     t.add_row("memory", number(r.get("memory_gb"), " GB"))
@@ -176,17 +228,16 @@ def bench_table(host: str, r: dict[str, Any], path: Any, out: Console = console)
     out.print(f"report: {path}")
 
 
-def compare_table(rows: Sequence[Any], notes: Sequence[str], out: Console = console) -> None:
-    from .compare import money, number
-    t = Table(title="compare: value for money (cheapest first)", title_justify="left")
-    for col in ("host", "platform", "GPU", "price/h", "TFLOPS", "samples/s", "per 1M samples",
-                "per TFLOP-hour", "download MB/s"):
-        t.add_column(col, justify="right" if col not in ("host", "platform", "GPU") else "left")
+def compare_table(rows: Sequence[Any], notes: Sequence[str], out: Console | None = None) -> None:
+    from .compare import money, number, significant
+    out = out or __getattr__("console")
+    t = table("compare: value for money (cheapest first)", "host", "platform", "GPU", "price/h>",
+              "TFLOPS>", "samples/s>", "per 1M samples>", "per TFLOP-hour>", "download MB/s>")
     for r in rows:
         t.add_row(escape(r.host), r.platform or "-", escape(r.gpu), money(r.price, r.currency, 2),
-                  number(r.tflops) + (f" {r.tflops_dtype}" if r.tflops_dtype else ""),
-                  number(r.samples_s), money(r.cost_per_m_samples, r.currency),
-                  money(r.cost_per_tflop_hour, r.currency), number(r.download_mbs))
+                  significant(r.tflops) + (f" {r.tflops_dtype}" if r.tflops_dtype else ""),
+                  number(r.samples_s), significant(r.cost_per_m_samples, r.currency),
+                  significant(r.cost_per_tflop_hour, r.currency), number(r.download_mbs))
     out.print(t)
     for n in notes:
         out.print(f"note: {escape(n)}")
@@ -213,7 +264,8 @@ def size(n: float | None) -> str:
 
 
 def job_started(started: Sequence[Launched], specs: Sequence[JobSpec], follow: str,
-                out: Console = console) -> None:
+                out: Console | None = None) -> None:
+    out = out or __getattr__("console")
     for x, spec in zip(started, specs, strict=True):
         gpus = f"GPUs {x.gpus}" if x.gpus else "no GPU"
         how = f"tmux session {x.session}" if x.launcher == "tmux" else "setsid"
@@ -230,14 +282,19 @@ def quote_arg(arg: str) -> str:
     return quote(arg)
 
 
-def log_line(line: str, out: Console = console) -> None:
+def log_line(line: str, out: Console | None = None) -> None:
+    out = out or __getattr__("console")
     """One line of a job's log, as it is (no markup, no wrapping)."""
     out.file.write(line + "\n")
     out.file.flush()
 
 
 def jobs_table(listed: Sequence[HostJobs], notes: Sequence[str] = (),
-               out: Console = console) -> None:
+               out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    from rich.table import Table
+    from rich.text import Text
+
     many = len(listed) > 1
     t = Table(title="jobs" + ("" if many else f": {listed[0].host}" if listed else ""),
               title_justify="left")
@@ -276,7 +333,8 @@ def jobs_table(listed: Sequence[HostJobs], notes: Sequence[str] = (),
         out.print(f"[yellow]note:[/] {escape(n)}")
 
 
-def kill_report(report: Mapping[str, Any], out: Console = console) -> None:
+def kill_report(report: Mapping[str, Any], out: Console | None = None) -> None:
+    out = out or __getattr__("console")
     host, job = escape(str(report["host"])), escape(str(report["id"]))
     if not report.get("was_running"):
         out.print(f"{host}: job {job} was not running")
@@ -297,6 +355,8 @@ def _of(value: float | None, limit: float | None, unit: str, fmt: str = ".0f") -
 def watch_view(monitor: Monitor, hosts: Sequence[str], notes: Sequence[str] = ()) -> RenderableType:
     """The live view: GPUs, jobs, disk and memory of every host, then the alerts."""
     from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
 
     g = Table(title=f"watch: {', '.join(hosts)} ({time.strftime('%H:%M:%S')})", title_justify="left")
     for col in ("host", "GPU", "util", "memory", "temp", "power", "SM clock", "clocks held by"):

@@ -5,6 +5,7 @@ Precedence: built-in defaults < platform < recipe < inventory < command line.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -135,8 +136,10 @@ def _find(kind: str, name: str, local: Path, builtin: Traversable) -> Traversabl
         if p.is_file():
             return p
     known = sorted(_yaml_names(local) | _yaml_names(builtin))
+    near = difflib.get_close_matches(name, known, n=1)
+    guess = f"did you mean {near[0]!r}? " if near else ""
     raise ConfigError(str(local / f"{name}.yaml"),
-                      f"no {kind} named {name!r} (known: {', '.join(known) or 'none'})")
+                      f"no {kind} named {name!r} ({guess}known: {', '.join(known) or 'none'})")
 
 
 def recipe_path(name: str, root: Path | None = None) -> Traversable:

@@ -15,3 +15,5 @@ data dir), then ``exit.json`` (how it ended), ``killed`` (the signal ``kill`` en
 ``oom`` (the kernel's word on an out-of-memory kill). Jobs never take the provisioning lock: the
 GPUs a running job uses are its lock.
 """
+
+DEFAULT_PORT = 29500  # torchrun's default rendezvous port

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 from ..errors import ProvisionError
 from ..facts.host import HostFacts
-
-DEFAULT_PORT = 29500  # torchrun's own default
+from . import DEFAULT_PORT
 
 
 @dataclass(frozen=True)

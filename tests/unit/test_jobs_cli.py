@@ -16,10 +16,12 @@ def test_the_words_after_dashes_are_never_run_here(tmp_path: Path) -> None:
     # no host: the task says so (Fabric alone would run the words as a shell command)
     r = subprocess.run([str(BIN / "gpu-provision"), "run", "--", "touch", str(marker)],
                        cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 1 and "this task needs a host" in r.stderr
+    assert r.returncode == 2 and "this task needs a host" in r.stderr
     # a host that refuses the connection: named, and nothing ran here
-    r = subprocess.run([str(BIN / "gpu-provision"), "-H", "root@127.0.0.1:1", "run", "--", "touch",
-                        str(marker)], cwd=tmp_path, capture_output=True, text=True,
+    key = tmp_path / "id_ed25519"  # a key of its own, so the attempt reaches the network
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    r = subprocess.run([str(BIN / "gpu-provision"), "-i", str(key), "-H", "root@127.0.0.1:1", "run",
+                        "--", "touch", str(marker)], cwd=tmp_path, capture_output=True, text=True,
                        env={"GPU_PROVISION_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 1 and "connection refused" in r.stderr.lower()
     assert not marker.exists()
@@ -37,5 +39,5 @@ def test_hosts_given_twice_is_refused(tmp_path: Path) -> None:
     r = subprocess.run([str(BIN / "gpu-provision"), "-H", "root@127.0.0.1:1", "run", "--hosts",
                         "root@127.0.0.1:2", "--", "true"], cwd=tmp_path, capture_output=True,
                        text=True)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "give the hosts once: -H a,b (a job on each) or --hosts a,b (one job over them)" in r.stderr
