@@ -30,6 +30,7 @@ from .nvidia import (
 from .osinfo import OsRelease, parse_os_release
 from .pci import PciGpu, parse_lspci
 from .platform import PlatformMarkers, Virtualization, detect_platform, detect_virtualization
+from .torchindex import IndexCache, parse_index_cache
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class HostFacts:
     nvidia_output: str = ""  # nvidia-smi's own words when it failed (what doctor matches)
     step_logs: Mapping[str, str] = field(default_factory=dict)  # step -> tail of its host log
     now: float = 0.0  # the host's clock (epoch seconds) when the facts were read
+    torch_index: tuple[IndexCache, ...] = ()  # what the PyTorch mirror served when last read
+    own_envs: tuple[str, ...] = ()  # env prefixes gpu-provision created (their marker file)
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -324,6 +327,9 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         nvidia_output=q_out.strip()[:4000] if state not in (None, "no_driver") else "",
         step_logs=parse_step_logs(_ok(probes, "step_logs") or ""),
         now=float((_ok(probes, "now") or "0").strip() or 0),
+        torch_index=parse_index_cache(_ok(probes, "torch_index") or ""),
+        own_envs=tuple(ln.strip() for ln in (_ok(probes, "own_envs") or "").splitlines()
+                       if ln.strip()),
     )
 
 
