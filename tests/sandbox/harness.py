@@ -372,6 +372,9 @@ def start(profile_name: str, password: str | None = None, **overrides: Any) -> H
     (root / "info.json").write_text(json.dumps(asdict(info), indent=1))
     if profile.get("conda_prefix"):
         mirror.preinstall_conda(info, profile["conda_prefix"])
+    if profile.get("platform_torch"):
+        from .platform_env import install_platform_torch
+        install_platform_torch(info, profile["conda_prefix"], profile["platform_torch"])
     return info
 
 
