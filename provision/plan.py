@@ -11,6 +11,7 @@ from .errors import NoWheelError, ProvisionError
 from .facts.host import HostFacts, cc_from_name
 from .inventory import Settings
 from .ops import driver as driver_ops
+from .ops import fabric as fabric_ops
 from .ops import validate as validate_ops
 from .ops.conda import conda_step
 from .ops.env import env_step, python_conflict
@@ -222,6 +223,9 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
             blocked = f"{exc}: install the NVIDIA driver by hand, then run bootstrap again"
     elif driver_decision.action == "reboot":
         steps.append(driver_ops.reboot_step(facts, driver_decision.reason))
+    fabric = fabric_ops.fabric_step(facts, touchable)  # NVSwitch boards only
+    if fabric is not None:
+        steps.append(fabric)
     if secrets:
         steps.append(secrets_step(facts, secrets, secrets_digest))
     env = env_step(facts, settings, lay, why=left_alone)
