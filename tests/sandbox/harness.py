@@ -257,6 +257,9 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
             nvsmi = up / "usr/bin/nvidia-smi"
             nvsmi.parent.mkdir(parents=True, exist_ok=True)
             nvsmi.symlink_to("/usr/local/lib/gpu-sandbox/standin.py")
+    if profile.get("fabric_manager") is not None:  # an NVSwitch board (standin_fabric.py)
+        from .standin_fabric import prepare as nvswitch_board
+        nvswitch_board(up, lib, state, profile["fabric_manager"], FIXTURES)
     _write(lib / "state.json", json.dumps(state, indent=1))
     _write(lib / "calls.log", "")
 
