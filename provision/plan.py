@@ -236,7 +236,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     if torch is not None and cands:
         step, torch = torch_step(facts, settings, lay, cands, python, fresh_env=env.changes,
                                  why=left_alone)
-        steps += [step, packages_step(facts, settings, lay)]
+        steps += [step, packages_step(facts, settings, lay, fresh_env=env.changes)]
     elif blocked:
         steps.append(nothing("torch", f"blocked: {blocked}"))
     # validation runs after any change, or when asked; otherwise it may be skipped (see ops)

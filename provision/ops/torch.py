@@ -174,14 +174,17 @@ def torch_step(facts: HostFacts, settings: Settings, lay: Layout,
     return step, choice
 
 
-def packages_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
+def packages_step(facts: HostFacts, settings: Settings, lay: Layout,
+                  fresh_env: bool = False) -> Step:
+    """``fresh_env``: the env step makes the env anew, so what the journal says was installed
+    goes with the old one."""
     if not settings.packages:
         return nothing("packages", f"recipe {settings.recipe} adds no packages")
     pypi = settings.mirrors.pypi
     h = inputs_hash(packages=settings.packages, pypi=pypi)
     done = facts.journal.get("packages", {})
     if done.get("inputs") == h and done.get("result") == "ok" and find_env(facts, lay) \
-            and "packages" not in facts.interrupted:
+            and "packages" not in facts.interrupted and not fresh_env:
         return nothing("packages", f"{' '.join(settings.packages)} installed (journal)")
     body = render("packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
                   pypi=configured_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)

@@ -5,6 +5,7 @@ or the platform's)."""
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,17 @@ def test_our_env_with_another_python_is_recreated_naming_both() -> None:
     # the env is made anew, so the torch in it now does not count
     assert _decision(plan, "torch")[0] == "install torch 2.14.1+cpu"
     assert plan.blocked is None
+
+
+def test_a_recreated_env_gets_its_packages_again() -> None:
+    base = captured("cpu-only-bootstrapped")
+    cli = {"recipe": "yolov8", "env_name": "torch"}
+    inputs = next(s for s in _plan(base, cli=cli).steps if s.name == "packages").inputs
+    done = replace(base, journal={**base.journal, "packages": {"step": "packages",
+                                                                "result": "ok", "inputs": inputs}})
+    assert _decision(_plan(done, cli=cli), "packages")[0] is None  # the journal says so
+    assert _decision(_plan(done, cli={**cli, "python": "3.10"}), "packages")[0] == \
+        "pip install ultralytics>=8.3 opencv-python-headless"
 
 
 def test_an_env_we_did_not_make_is_refused_in_one_line() -> None:
