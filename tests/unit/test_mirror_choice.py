@@ -256,3 +256,13 @@ def test_install_failures_carry_a_filled_fix(text: str, entry: str) -> None:
     [f] = [f for f in diagnose({"step torch": text}) if f.level == "error"][:1]
     assert f.id == entry
     assert f.fix.strip() and "{" not in f.fix + f.diagnosis
+
+
+def test_the_body_says_so_when_no_mirror_answers_at_all(tmp_path: Path, index: str) -> None:
+    gone = f"{index}-gone"
+    r, cache = _body(tmp_path, gone, captured("cpu-only"))
+    assert r.returncode == 4
+    assert (f"no pytorch mirror answered: {gone}-down/cpu (HTTP 404); {gone}/cpu (HTTP 404); set "
+            "mirrors.pytorch") in r.stderr
+    assert "serves none" not in r.stderr
+    assert not list(cache.glob("*.json"))  # nothing answered: nothing for the plan to believe
