@@ -229,6 +229,18 @@ class Settings:
     price_per_hour: float | None = None
     currency: str | None = None
     validation: Mapping[str, float] = field(default_factory=dict)
+    # key -> (layer, how it was set): which layer asked for it, named so a message can say what
+    # changes it ("command line", "--python"), ("inventory", "python: in box.yaml") or
+    # ("recipe", "python: in recipe pytorch"); keys at their built-in default are absent
+    asked: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+    def asked_by_user(self, key: str) -> bool:
+        """Set on the command line or in the inventory (a recipe's value is a default)."""
+        return self.asked.get(key, ("",))[0] in ("command line", "inventory")
+
+    def how_asked(self, key: str) -> str:
+        """Where ``key`` was set, for messages: ``--python``, ``python: in box.yaml``, ..."""
+        return self.asked.get(key, ("", "the built-in default"))[1]
 
 
 def merge_settings(target: Target, platform: Platform, recipe: Recipe,
@@ -237,20 +249,26 @@ def merge_settings(target: Target, platform: Platform, recipe: Recipe,
     s = Settings(platform=platform.name, recipe=recipe.name)
     mirrors = Mirrors().merged(platform.mirrors).merged(recipe.mirrors)
     s = replace(s, data_dir=platform.data_dir, validation=dict(recipe.validation))
-    for layer in (
-        {"python": recipe.python, "torch": recipe.torch, "env_name": recipe.env_name,
-         "packages": recipe.packages, "cuda_compat": recipe.cuda_compat,
-         "domain_libraries": recipe.domain_libraries,
-         "miniconda_version": recipe.miniconda_version,
-         "miniconda_sha256": recipe.miniconda_sha256},
-        {k: x for k, x in target.settings.items() if k not in ("platform", "recipe", "mirrors", "notes")},
-        dict(cli or {}),
+    asked: dict[str, tuple[str, str]] = {}
+    source = target.source.name if target.source else target.name
+    for layer, how, values in (
+        ("recipe", f"in recipe {recipe.name}",
+         {"python": recipe.python, "torch": recipe.torch, "env_name": recipe.env_name,
+          "packages": recipe.packages, "cuda_compat": recipe.cuda_compat,
+          "domain_libraries": recipe.domain_libraries,
+          "miniconda_version": recipe.miniconda_version,
+          "miniconda_sha256": recipe.miniconda_sha256}),
+        ("inventory", f"in {source}",
+         {k: x for k, x in target.settings.items() if k not in ("platform", "recipe", "mirrors", "notes")}),
+        ("command line", "", dict(cli or {})),
     ):
         clean: dict[str, Any] = {k: (tuple(x) if isinstance(x, list) else x)
-                                 for k, x in layer.items() if x is not None}
+                                 for k, x in values.items() if x is not None}
         s = replace(s, **clean)
+        asked.update({k: (layer, f"--{k.replace('_', '-')}" if not how else f"{k}: {how}")
+                      for k in clean})
     mirrors = mirrors.merged(target.settings.get("mirrors"))
-    return replace(s, mirrors=mirrors)
+    return replace(s, mirrors=mirrors, asked=asked)
 
 
 def settings_for(target: Target, detected_platform: str | None,

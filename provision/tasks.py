@@ -326,10 +326,14 @@ def torch_task(c: Context, torch: str | None = None, cuda_compat: str | None = N
                                                      recipe=recipe, platform=platform))
 
 
+DRIVER_STEPS = ("driver", "driver-hold", "fabric-manager")
+
+
 @task(name="driver")
 @reports_errors
 def driver_task(c: Context) -> None:
-    """Install the NVIDIA driver where missing or too old (hosts we may touch), then hold it.
+    """Install the NVIDIA driver where missing or too old (hosts we may touch), then hold it;
+    on NVSwitch boards, the fabric manager of exactly the driver's version, running.
 
     Reboots only when the module cannot load otherwise, requires a new boot id, and verifies
     nvidia-smi before holding the packages.
@@ -338,14 +342,15 @@ def driver_task(c: Context) -> None:
     """
     with _session(c) as s:
         p = s.plan()
-        if not any(x.name == "driver" for x in p.steps):
-            decision = next(d for d in p.decisions if d.step == "driver")
-            output.console.print(f"{s.target.name}: driver: nothing to do - {decision.reason}",
-                                 markup=False)
+        if not any(x.name in DRIVER_STEPS and x.changes for x in p.steps):
+            for d in p.decisions:
+                if d.step in DRIVER_STEPS:
+                    output.console.print(f"{s.target.name}: {d.step}: nothing to do - {d.reason}",
+                                         markup=False)
             if p.blocked:
                 raise ProvisionError(f"{s.target.name}: {p.blocked}")
             return
-        applied = s.apply(p, only={"driver", "driver-hold"})
+        applied = s.apply(p, only=set(DRIVER_STEPS))
     output.steps_table(applied)
 
 

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 
 SMI_FIELDS = ("index,name,memory.total,memory.used,utilization.gpu,clocks.sm,clocks.max.sm,"
               "power.limit,temperature.gpu,pcie.link.gen.current,pcie.link.width.current,"
@@ -67,6 +68,29 @@ def _smi():
         if len(cells) == 3:
             out["processes"].append({"pid": cells[0], "name": cells[1], "used_mib": cells[2]})
     return out
+
+
+def _run(argv):
+    """(exit code, stdout) of a command; 127 when it is missing."""
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 127, ""
+    return r.returncode, r.stdout.strip()
+
+
+def _fabric():
+    """On NVSwitch boards CUDA waits for the fabric manager: its service state and version, and
+    the fabric state per GPU (None where the tool or the field is missing)."""
+    _, said = _run(["systemctl", "is-active", "nvidia-fabricmanager"])  # exits 3 when inactive
+    word = said.splitlines()[0] if said else ""
+    _, version = _run(["nv-fabricmanager", "--version"])
+    m = re.search(r"version is\s*:\s*(\S+)", version)
+    rc, states = _run(["nvidia-smi", "--query-gpu=fabric.state,fabric.status",
+                       "--format=csv,noheader"])
+    return {"manager": word if re.fullmatch(r"[a-z-]+", word) else None,
+            "version": m.group(1) if m else None,
+            "states": [ln.strip() for ln in states.splitlines()] if rc == 0 and states else None}
 
 
 def _host(data_dir):
@@ -165,8 +189,12 @@ def measure(cfg):
     except OSError:
         m["libcuda"] = False
         return m
-    t["available"] = bool(torch.cuda.is_available())
+    with warnings.catch_warnings(record=True) as caught:  # why CUDA did not start, in its words
+        warnings.simplefilter("always")
+        t["available"] = bool(torch.cuda.is_available())
+    t["cuda_warnings"] = [str(w.message)[:1000] for w in caught]
     if not t["available"]:
+        m["fabric"] = _fabric()
         return m
     t["device_count"] = torch.cuda.device_count()
     t["arch_list"] = torch.cuda.get_arch_list()
@@ -379,13 +407,44 @@ def judge(m, cfg):
             check("cuda available", "fail", "no libcuda.so.1 on this host: the NVIDIA driver's "
                   "user-space library is missing, so CUDA cannot start")
         elif not t.get("available"):
-            check("cuda available", "fail", "torch.cuda.is_available() is False (the driver is too "
-                  "old for this wheel, or not loaded)")
+            check("cuda available", "fail", _cuda_failure(m))
         else:
             check("cuda available", "pass", "torch.cuda.is_available()")
             _judge_gpus(m, cfg, th, check)
     _judge_host(m, th, check)
     return checks
+
+
+ERR_802 = re.compile(r"\b802\b|system not yet initialized|cudaErrorSystemNotReady", re.I)
+
+
+def _cuda_failure(m):
+    """Why CUDA did not start, from torch's own warning; error 802 on an NVSwitch board names
+    the fabric manager, its state, and the fix."""
+    said = " ".join((m.get("torch") or {}).get("cuda_warnings") or [])
+    if not ERR_802.search(said):
+        first = said.split(" (Triggered internally")[0].strip()
+        return ("torch.cuda.is_available() is False (the driver is too old for this wheel, or "
+                "not loaded)" + (f": {first[:300]}" if first else ""))
+    fab = m.get("fabric") or {}
+    seen = []
+    if fab.get("manager") or fab.get("version"):
+        seen.append(f"nvidia-fabricmanager {fab.get('version') or '(not installed)'} "
+                    f"{fab.get('manager') or ''}".strip())
+    else:
+        seen.append("no nvidia-fabricmanager service here")
+    states = fab.get("states") or []
+    if states:
+        counts = {}
+        for s in states:
+            counts[s] = counts.get(s, 0) + 1
+        seen.append("fabric " + ", ".join(f"{s} on {n} GPU(s)" for s, n in counts.items()))
+    return ("CUDA error 802: system not yet initialized: on an NVSwitch board the GPUs wait for "
+            f"the fabric manager to set up the NVLink fabric ({'; '.join(seen)}). Fix: run "
+            "nvidia-fabricmanager of exactly the driver's version (`gpu-provision -H <host> "
+            "driver` installs and starts it on a VM; by hand `systemctl enable --now "
+            "nvidia-fabricmanager`) and wait for `nvidia-smi -q` to show Fabric State "
+            "Completed; on a container rental it runs on the provider's host: ask the provider")
 
 
 def _judge_gpus(m, cfg, th, check):

@@ -166,7 +166,8 @@ def test_rendezvous_behind_nat_uses_the_default_routes_address() -> None:
     assert (r.addr, r.port, r.ifnames) == ("192.0.2.2", 29500, ("eth0", "eth0"))
     assert "203.0.113.7 is not on any of its interfaces: NAT or a forwarded port" in r.reason
     assert rendezvous([Node("a", "x", f)], addr="10.9.9.9").reason == "--master-addr"
-    bare = captured("cpu-only")  # no `ip` on the host: nothing to choose from
+    bare = captured("cpu-only", {"net_addrs": {"rc": 127, "out": "bash: line 1: ip: command not "
+                                               "found"}, "net_route": ""})  # nothing to choose from
     with pytest.raises(ProvisionError, match="give one the other hosts reach with --master-addr"):
         rendezvous([Node("a", "203.0.113.7", bare)])
 

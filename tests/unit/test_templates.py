@@ -95,7 +95,8 @@ def test_every_template_is_covered() -> None:
                        # jobs (rendered and run in tests/unit/test_jobs_scripts.py)
                        "follow.sh.j2", "_jobs.sh.j2", "job_launch.sh.j2", "job_wrapper.sh.j2",
                        "job_kill.sh.j2", "job_where.sh.j2", "jobs_list.sh.j2",
-                       "watch_sampler.sh.j2"}
+                       "watch_sampler.sh.j2",
+                       "fabricmanager.sh.j2"}
 
 
 def test_bench_script_renders_and_runs_without_torch(cpu_host: HostFacts, http_servers: tuple[str, str],
