@@ -426,3 +426,5 @@ def forget_host_key(c: Context) -> None:
     output.console.print(f"{target.pin_name}: {'forgotten' if found else 'was not pinned'} "
                          f"({known_hosts_path()})")
 
+
+from .tasks_data import autostop, cost, sync  # noqa: E402, F401  (data and money; they import from here)
