@@ -8,7 +8,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
-from .compare import Row, money, number
+from .compare import Row, money, number, upload_text
 from .extras import need
 
 BAR = "#2f6db5"  # the bars' colour (the HTML test looks for it in the rendered page)
@@ -52,13 +52,15 @@ def render(rows: Sequence[Row]) -> tuple[str, bytes]:
 
 def page(rows: Sequence[Row], svg: str, png_name: str, notes: Sequence[str] = ()) -> str:
     head = ("host", "platform", "GPU", "price/h", "TFLOPS", "samples/s", "per 1M samples",
-            "per TFLOP-hour", "download MB/s", "source")
+            "per TFLOP-hour", "download MB/s", "link up/down MB/s", "100 GB up", "source")
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
             r.host, r.platform or "-", r.gpu, money(r.price, r.currency, 2),
             number(r.tflops) + (f" {r.tflops_dtype}" if r.tflops_dtype else ""),
             number(r.samples_s), money(r.cost_per_m_samples, r.currency),
-            money(r.cost_per_tflop_hour, r.currency), number(r.download_mbs), r.source)) + "</tr>"
+            money(r.cost_per_tflop_hour, r.currency), number(r.download_mbs),
+            f"{number(r.link_up_mbs)} / {number(r.link_down_mbs)}", upload_text(r), r.source))
+        + "</tr>"
         for r in rows)
     note = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
     return f"""<!DOCTYPE html>

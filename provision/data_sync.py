@@ -25,10 +25,12 @@ import hashlib
 import os
 import posixpath
 import queue
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from .gather import markers_of
 from .inventory import Target, settings_for
 from .ops.layout import expand_home
 from .ops.step import inputs_hash
-from .recipes import all_platforms, load_platform
+from .recipes import Platform, all_platforms, load_platform
 from .runtime import run_detached
 from .sync_plan import (
     Changes,
@@ -115,7 +117,7 @@ class Report:
 
 # --- where things are on the host -------------------------------------------------------------
 
-def base_candidates(target: Target) -> list[str]:
+def base_candidates(target: Target, platforms: Sequence[Platform]) -> list[str]:
     """The folders a relative host path may be relative to, before the platform is known: the
     inventory's data dir; else its platform's; else every platform's and the home."""
     own = target.settings.get("data_dir")
@@ -124,7 +126,7 @@ def base_candidates(target: Target) -> list[str]:
     named = target.settings.get("platform")
     if named:
         return [load_platform(str(named)).data_dir or "~"]
-    return sorted({p.data_dir for p in all_platforms() if p.data_dir}) + ["~"]
+    return sorted({p.data_dir for p in platforms if p.data_dir}) + ["~"]
 
 
 def host_paths(path: str | None, bases: Sequence[str], name: str) -> dict[str, str]:
@@ -135,13 +137,14 @@ def host_paths(path: str | None, bases: Sequence[str], name: str) -> dict[str, s
     return {b: (b.rstrip("/") + "/" + rel) for b in bases}
 
 
-def listing_script(paths: Sequence[str]) -> str:
-    markers = sorted({f for p in all_platforms() for f in p.detect.files})
+def listing_script(paths: Sequence[str], platforms: Sequence[Platform] | None = None) -> str:
+    markers = sorted({f for p in platforms or all_platforms() for f in p.detect.files})
     return render("sync_list.sh.j2", paths=list(paths), markers=markers)
 
 
-def list_host(ex: Executor, paths: Sequence[str]) -> Listing:
-    r = ex.run(bash_script(listing_script(paths)), step="sync-list", check=False)
+def list_host(ex: Executor, paths: Sequence[str],
+              platforms: Sequence[Platform] | None = None) -> Listing:
+    r = ex.run(bash_script(listing_script(paths, platforms)), step="sync-list", check=False)
     if r.exit_code == NO_EXIT_STATUS:
         raise ex.lost("the listing of the host's side")
     if r.exit_code != 0 or "\0T " not in "\0" + r.stdout:
@@ -164,20 +167,20 @@ def resolve(ex: Executor, target: Target, path: str | None, name: str) -> HostVi
     """List the host's side of ``path`` (one remote execution; a relative path is listed under
     every folder it may be relative to) and pick the base: the data dir of the platform
     detected from the same listing, else the home."""
-    bases = base_candidates(target)
+    platforms = all_platforms()  # YAML, read once: it is most of the local work of a sync
+    bases = base_candidates(target, platforms)
     wanted = host_paths(path, bases, name)
     order = list(dict.fromkeys(wanted.values()))
-    listing = list_host(ex, order)
+    listing = list_host(ex, order, platforms)
     home = listing.home
-    detected, _ = detect_platform(markers_of(all_platforms()), listing.markers,
+    detected, _ = detect_platform(markers_of(platforms), listing.markers,
                                   listing.env_names, listing.hostname)
     settings = settings_for(target, detected)
     base = expand_home(settings.data_dir, home) if settings.data_dir else home
     chosen = next((b for b in bases if expand_home(b, home) == base), bases[-1])
     side = listing.sides[order.index(wanted[chosen])]
     full = remote_abspath(wanted[chosen], home, base)
-    return HostView(listing, Side(full, side.kind, side.free, side.files, side.dirs),
-                    settings.platform, base)
+    return HostView(listing, replace(side, path=full), settings.platform, base)
 
 
 def choose_transport(wanted: str, target: Target, listing: Listing) -> tuple[str, str]:
@@ -195,6 +198,29 @@ def choose_transport(wanted: str, target: Target, listing: Listing) -> tuple[str
     return "sftp", problem
 
 
+@contextmanager
+def early_link(target: Target, transport: str) -> Iterator[rsync.Link | None]:
+    """The SSH connection rsync will use, opened now, in the background, while our own
+    connection lists the host (None where rsync cannot be used from here, or the host key is
+    not pinned yet: then rsync connects by itself)."""
+    prog = rsync.local_rsync() if transport != "sftp" and not target.password_env else None
+    if prog is None or not rsync.pinned_lines(target):
+        yield None
+        return
+    with rsync.link(target, prog[1]) as link:
+        yield link
+
+
+@contextmanager
+def _ssh(target: Target, ssh: str, link: rsync.Link | None) -> Iterator[list[str]]:
+    if link is not None:
+        link.ready()
+        yield link.argv
+    else:
+        with rsync.ssh_options(target, ssh) as argv:
+            yield argv
+
+
 def _check_space(needed: int, free: int, where: str, host: str) -> None:
     if free and needed > free:
         raise ProvisionError(f"{host}: {where} has {human(free)} free; this transfer needs "
@@ -204,7 +230,7 @@ def _check_space(needed: int, free: int, where: str, host: str) -> None:
 # --- sync up / down ---------------------------------------------------------------------------
 
 def sync_up(ex: Executor, target: Target, src: Path, dest: str | None, opts: Options,
-            progress: Progress | None = None) -> Report:
+            progress: Progress | None = None, link: rsync.Link | None = None) -> Report:
     """Send ``src`` (a file or folder here) to ``dest`` on the host (default: the data dir's
     ``<name of src>``; a trailing "/" means into that folder)."""
     excludes = Excludes(opts.excludes)
@@ -234,7 +260,7 @@ def sync_up(ex: Executor, target: Target, src: Path, dest: str | None, opts: Opt
     started = time.monotonic()
     if plan.send:
         if transport == "rsync":
-            sent, resumed, verified = _rsync_up(ex, target, local, there, plan, progress)
+            sent, resumed, verified = _rsync_up(ex, target, local, there, plan, progress, link)
         else:
             sent, resumed, verified = _sftp_up(ex, local, there, plan, progress)
     else:
@@ -246,7 +272,7 @@ def sync_up(ex: Executor, target: Target, src: Path, dest: str | None, opts: Opt
 
 
 def sync_down(ex: Executor, target: Target, src: str, dest: str | None, opts: Options,
-              progress: Progress | None = None) -> Report:
+              progress: Progress | None = None, link: rsync.Link | None = None) -> Report:
     """Fetch ``src`` (a host path; relative: under the data dir) to ``dest`` here (default:
     ``./<name of src>``; a trailing "/" means into that folder)."""
     excludes = Excludes(opts.excludes)
@@ -275,7 +301,8 @@ def sync_down(ex: Executor, target: Target, src: str, dest: str | None, opts: Op
     started = time.monotonic()
     if plan.send:
         if transport == "rsync":
-            sent, resumed, verified = _rsync_down(ex, target, there, here_path, plan, progress)
+            sent, resumed, verified = _rsync_down(ex, target, there, here_path, plan, progress,
+                                                  link)
         else:
             sent, resumed, verified = _sftp_down(ex, there, here_path, plan, progress)
     else:
@@ -469,14 +496,14 @@ def _tracked(progress: Progress | None, total: int, seen: list[int]) -> Callable
 
 
 def _rsync_up(ex: Executor, target: Target, local: Side, there: Side, plan: Changes,
-              progress: Progress | None) -> tuple[int, int, str]:
+              progress: Progress | None, link: rsync.Link | None = None) -> tuple[int, int, str]:
     prog = rsync.local_rsync()
     assert prog is not None
-    if there.kind == "-":  # rsync makes the last folder of the path, not the ones above it
-        parent = there.path if local.kind == "d" else posixpath.dirname(there.path)
-        _host_script(ex, "mkdir", [parent])
+    parent = posixpath.dirname(there.path.rstrip("/"))
+    if there.kind == "-" and not there.parent_exists:  # rsync makes only the last folder
+        _host_script(ex, "mkdir", [there.path if local.kind == "d" else parent])
     seen = [0]
-    with rsync.ssh_options(target, prog[1]) as ssh:
+    with _ssh(target, prog[1], link) as ssh:
         listed = local.kind == "d"
         cmd = rsync.argv(prog[0], ssh, local.path, there.path, listed=listed, up=True)
         run = rsync.run(cmd, [e.rel for e in plan.send] if listed else None,
@@ -487,19 +514,55 @@ def _rsync_up(ex: Executor, target: Target, local: Side, there: Side, plan: Chan
 
 
 def _rsync_down(ex: Executor, target: Target, there: Side, here: Path, plan: Changes,
-                progress: Progress | None) -> tuple[int, int, str]:
+                progress: Progress | None, link: rsync.Link | None = None
+                ) -> tuple[int, int, str]:
     prog = rsync.local_rsync()
     assert prog is not None
     listed = there.kind == "d"
     (here if listed else here.parent).mkdir(parents=True, exist_ok=True)
     seen = [0]
-    with rsync.ssh_options(target, prog[1]) as ssh:
+    with _ssh(target, prog[1], link) as ssh:
         cmd = rsync.argv(prog[0], ssh, there.path, str(here), listed=listed, up=False)
         run = rsync.run(cmd, [e.rel for e in plan.send] if listed else None,
                         _tracked(progress, plan.bytes, seen))
     if run.exit_code != 0:
         raise _rsync_fail(ex, "download", run, seen[0], plan.bytes)
     return run.literal, run.matched, "rsync's whole-file checksum of each file sent"
+
+
+# --- the link's speed (bench) -----------------------------------------------------------------
+
+LINK_PROBE_BYTES = 16 << 20
+LINK_PROBE = "~/.gpu-provision/link-probe"
+
+
+def measure_link(ex: Executor, size: int = LINK_PROBE_BYTES) -> dict[str, Any]:
+    """Up and down MB/s between this machine and the host: ``size`` random bytes each way over
+    SFTP (the transport every laptop has), timed without the checks around them."""
+    with tempfile.TemporaryDirectory(prefix="gpu-provision-link-") as tmp:
+        here = Path(tmp) / "probe"
+        here.write_bytes(os.urandom(size))
+        there = ex.remote_path(LINK_PROBE)
+        started = time.monotonic()
+        ex.put_part(here, there, step="link", resume=False)
+        up = time.monotonic() - started
+        back = Path(tmp) / "back"
+        started = time.monotonic()
+        ex.get_part(remote_part(there), back, size, step="link", resume=False)
+        down = time.monotonic() - started
+        ex.run(bash_script(render("sync_host.sh.j2", mode="delete")), step="link", check=False,
+               stdin=f"{posixpath.dirname(there)}\0{remote_part(there)}\0")
+    return {"up_mbs": round(size / up / 1e6, 2), "down_mbs": round(size / down / 1e6, 2),
+            "bytes": size, "transport": "sftp", "source": "bench"}
+
+
+def bench_link(ex: Executor) -> dict[str, Any]:
+    """``measure_link`` for the bench report: a failure is recorded, not raised (the GPU
+    figures stand without it)."""
+    try:
+        return measure_link(ex)
+    except ProvisionError as exc:
+        return {"up_mbs": None, "down_mbs": None, "error": str(exc).splitlines()[0]}
 
 
 # --- watch ------------------------------------------------------------------------------------
@@ -547,7 +610,7 @@ def watch_body(root: str, pattern: str, settle: float, interval: float, until_id
 
 def watch(ex: Executor, target: Target, src: str, dest: str | None, pattern: str,
           opts: Options, settle: float, interval: float, until_idle: float,
-          show: Callable[[str], None]) -> WatchReport:
+          show: Callable[[str], None], link: rsync.Link | None = None) -> WatchReport:
     """Pull each file below ``src`` that matches ``pattern`` once it is complete, until the
     watcher ends (``until_idle``: no job of ours runs and nothing matching changed for that
     long) or Ctrl-C. ``show`` gets one line per file pulled."""
@@ -585,7 +648,7 @@ def watch(ex: Executor, target: Target, src: str, dest: str | None, pattern: str
             except queue.Empty:
                 continue
             if isinstance(ev, Ready):
-                _pull(ex, target, there.path, here, ev, transport, report, show)
+                _pull(ex, target, there.path, here, ev, transport, report, show, link)
             elif isinstance(ev, BaseException):
                 raise ev
             else:
@@ -597,7 +660,7 @@ def watch(ex: Executor, target: Target, src: str, dest: str | None, pattern: str
 
 
 def _pull(ex: Executor, target: Target, root: str, here: Path, ev: Ready, transport: str,
-          report: WatchReport, show: Callable[[str], None]) -> None:
+          report: WatchReport, show: Callable[[str], None], link: rsync.Link | None) -> None:
     final = here / ev.rel
     try:
         st = final.stat()
@@ -613,7 +676,7 @@ def _pull(ex: Executor, target: Target, root: str, here: Path, ev: Ready, transp
     try:
         if transport == "rsync":
             _rsync_down(ex, target, Side(src, "f", 0, {"": Entry("", ev.size, ev.mtime)}), final,
-                        Changes((Entry("", ev.size, ev.mtime),), 0), None)
+                        Changes((Entry("", ev.size, ev.mtime),), 0), None, link)
             digest = _sha256(final)
         else:
             _sftp_down(ex, Side(root, "d"), here, plan, None)

@@ -87,9 +87,10 @@ def pinned_lines(target: Target) -> list[tuple[str, str]]:
 
 
 @contextmanager
-def ssh_options(target: Target, ssh: str) -> Iterator[list[str]]:
+def ssh_options(target: Target, ssh: str, control: str | None = None) -> Iterator[list[str]]:
     """The ssh command line rsync runs (as a list), with a temporary known_hosts file holding
-    only the key(s) we pinned for ``target``. The file is removed afterwards."""
+    only the key(s) we pinned for ``target``. The file is removed afterwards. ``control``: the
+    socket of a master connection to share (see ``Link``)."""
     pins = pinned_lines(target)
     if not pins:
         raise ValueError(f"{target.name}: no pinned host key (connect once first)")
@@ -103,11 +104,54 @@ def ssh_options(target: Target, ssh: str) -> Iterator[list[str]]:
                 "-o", "StrictHostKeyChecking=yes", "-o", "UpdateHostKeys=no",
                 "-o", "CheckHostIP=no", "-o", f"HostKeyAlgorithms={algorithms}",
                 "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}",
-                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
-                "-o", "ControlMaster=no", "-o", "ControlPath=none"]
+                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
+        argv += ["-o", "ControlMaster=no", "-o", f"ControlPath={control}"] if control else \
+            ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
         if target.key:
             argv += ["-i", os.path.expanduser(target.key), "-o", "IdentitiesOnly=yes"]
         yield argv
+
+
+class Link:
+    """One SSH connection for every rsync of a task, opened in the background as soon as the
+    task starts (while our own connection lists the host), so rsync pays no handshake of its own:
+    at 200 ms RTT a handshake is about a second. ``argv`` is what rsync's ``-e`` runs; it uses
+    the master once its socket is there and connects by itself otherwise (ssh's ControlMaster=no
+    behaviour), so a master that fails costs nothing but the try."""
+
+    def __init__(self, argv: list[str], master: subprocess.Popen[bytes] | None, socket: Path):
+        self.argv, self.master, self.socket = argv, master, socket
+
+    def ready(self, timeout: float = CONNECT_TIMEOUT) -> None:
+        """Wait (at most ``timeout``) until the master can be used, or has given up."""
+        deadline = time.monotonic() + timeout
+        while self.master is not None and self.master.poll() is None and \
+                not self.socket.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+@contextmanager
+def link(target: Target, ssh: str) -> Iterator[Link]:
+    """Start a master connection to ``target`` in the background (needs the host key pinned:
+    after the first connection ever, which pins it) and yield the ``Link``; ended on exit."""
+    # a short folder: a socket path may hold about 100 bytes
+    base = "/tmp" if Path("/tmp").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="gp-", dir=base) as tmp:
+        sock = Path(tmp) / "m"
+        with ssh_options(target, ssh, control=str(sock)) as argv:
+            own = ["ControlMaster=yes" if a == "ControlMaster=no" else a for a in argv]
+            # ControlMaster=yes alone: with -M as well, ssh asks before each shared session
+            master = subprocess.Popen([*own, "-N", "-o", "ControlPersist=no", ALIAS],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+            try:
+                yield Link(argv, master, sock)
+            finally:
+                master.terminate()
+                try:
+                    master.wait(5)
+                except subprocess.TimeoutExpired:
+                    master.kill()
 
 
 def rsh(argv: Sequence[str]) -> str:

@@ -39,6 +39,7 @@ class Side:
     free: int = 0
     files: Mapping[str, Entry] = field(default_factory=dict)
     dirs: frozenset[str] = frozenset()
+    parent_exists: bool = True  # the folder the path is in
 
     @property
     def bytes(self) -> int:
@@ -61,7 +62,7 @@ def parse_listing(text: str) -> Listing:
     home = rsync = hostname = ""
     markers: list[str] = []
     envs: list[str] = []
-    heads: list[tuple[str, str, int]] = []
+    heads: list[tuple[str, str, int, bool]] = []
     files: list[dict[str, Entry]] = []
     dirs: list[set[str]] = []
     for rec in text.split("\0"):
@@ -77,8 +78,8 @@ def parse_listing(text: str) -> Listing:
         elif tag == "E":
             envs.append(rest)
         elif tag == "T":
-            _, kind, free, path = rest.split(" ", 3)
-            heads.append((path, kind, int(free or 0)))
+            _, kind, free, parent, path = rest.split(" ", 4)
+            heads.append((path, kind, int(free or 0), parent == "1"))
             files.append({})
             dirs.append(set())
         elif tag == "F" and heads:
@@ -86,8 +87,8 @@ def parse_listing(text: str) -> Listing:
             files[-1][rel] = Entry(rel, int(size), int(float(mtime)), int(mode, 8))
         elif tag == "D" and heads:
             dirs[-1].add(rest.split(" ", 1)[1])
-    sides = tuple(Side(p, k, f, fs, frozenset(ds))
-                  for (p, k, f), fs, ds in zip(heads, files, dirs, strict=True))
+    sides = tuple(Side(p, k, f, fs, frozenset(ds), up)
+                  for (p, k, f, up), fs, ds in zip(heads, files, dirs, strict=True))
     return Listing(home, rsync, hostname, tuple(markers), tuple(envs), sides)
 
 

@@ -63,12 +63,13 @@ def sync(c: Context, direction: str, src: str, dest: str | None = None,
     opts = data_sync.Options(tuple(exclude or ()), delete, dry_run, transport)
     store = Store()
     target = target_of(c)
-    with session(target, store, _notify) as s:
+    with data_sync.early_link(target, "sftp" if dry_run else transport) as link, \
+            session(target, store, _notify) as s:
         if watch:
             idle = parse_duration(until_idle, "--until-idle") if until_idle else 0
             rep = data_sync.watch(s.ex, target, src, dest, watch, opts, settle, 1.0, idle,
                                   lambda line: output.err_console.print(f"{target.name}: {line}",
-                                                                        markup=False))
+                                                                        markup=False), link)
             if json_:
                 output.print_json(rep.as_json())
             else:
@@ -77,12 +78,12 @@ def sync(c: Context, direction: str, src: str, dest: str | None = None,
         label = f"{target.name}: sync {direction}"
         with output_data.transfer_bar(label) as bar:
             if direction == "up":
-                report = data_sync.sync_up(s.ex, target, Path(src), dest, opts, bar)
+                report = data_sync.sync_up(s.ex, target, Path(src), dest, opts, bar, link)
             else:
-                report = data_sync.sync_down(s.ex, target, src, dest, opts, bar)
-    link = report.link()
-    if link is not None:
-        store.save_report(target.name, link, kind="link", run=s.run)
+                report = data_sync.sync_down(s.ex, target, src, dest, opts, bar, link)
+    measured = report.link()
+    if measured is not None:
+        store.save_report(target.name, measured, kind="link", run=s.run)
     if json_:
         output.print_json(report.as_json())
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -15,12 +16,18 @@ from pathlib import Path
 
 import pytest
 
+from provision.data_sync import measure_link
+from provision.inventory import resolve_target
+from provision.session import open_executor
+from provision.store import Store
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
 from tests.sandbox.proxy import TcpProxy
 from tests.sandbox.remote import ssh
 
 pytestmark = pytest.mark.sandbox
+RSYNC = shutil.which("rsync") is not None and shutil.which("ssh") is not None
+needs_rsync = pytest.mark.skipif(not RSYNC, reason="no rsync and ssh here (make system-deps)")
 
 MB = 1_000_000
 HOSTILE = ["with space.bin", "it's \"quoted\".txt", "$(touch pwned).txt", "-leading-dash",
@@ -85,7 +92,7 @@ def run_cut(inventory: str, home: Path, cwd: Path, args: list[str], dest: Path,
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-@pytest.mark.parametrize("transport", ["rsync", "sftp"])
+@pytest.mark.parametrize("transport", [pytest.param("rsync", marks=needs_rsync), "sftp"])
 def test_cut_mid_transfer_resumes_and_sends_only_the_rest(host: harness.HostInfo, folder: Path,
                                                           gp_home: Path, tmp_path: Path,
                                                           transport: str) -> None:
@@ -116,6 +123,10 @@ def test_cut_mid_transfer_resumes_and_sends_only_the_rest(host: harness.HostInfo
         assert tree(landed) == tree(folder)  # every file arrived whole, nothing left over
         again2 = gpu_provision("-H", inv, *args, home=gp_home, cwd=tmp_path)
         assert json.loads(again2.stdout)["files"] == 0  # a third run has nothing to send
+        # the link's speed is kept for compare: from the run that moved data, not the empty one
+        [link] = [json.loads(p.read_text()) for p in (tmp_path / "reports").rglob("link-*.json")]
+        assert link["direction"] == "up" and link["bytes"] == report["sent_bytes"]
+        assert link["mbs"] == report["mbs"] > 0
     finally:
         proxy.close()
         ssh(host, f"rm -rf {dest}")
@@ -131,7 +142,7 @@ def test_hostile_names_round_trip_with_and_without_local_rsync(host: harness.Hos
         (src / "-sub dir" / name).write_bytes(os.urandom(1000 + i))
     no_tools = tmp_path / "bin"  # a laptop without ssh and rsync: only Python is there
     no_tools.mkdir()
-    cases = [("auto", {}, "rsync"), ("auto", {"PATH": str(no_tools)}, "sftp")]
+    cases = [("auto", {}, "rsync" if RSYNC else "sftp"), ("auto", {"PATH": str(no_tools)}, "sftp")]
     for n, (transport, env, used) in enumerate(cases):
         dest = f"/root/hostile {n} '$(y)'"
         up = gpu_provision("-H", host.inventory, "sync", "up", str(src), "--dest", dest,
@@ -149,6 +160,20 @@ def test_hostile_names_round_trip_with_and_without_local_rsync(host: harness.Hos
     # no name was ever run as a command, here or there
     assert not (tmp_path / "pwned").exists() and not host.path("/root/pwned").exists()
     assert ssh(host, "ls /root")[1].count("pwned") == 0
+
+
+def test_bench_link_probe_both_ways(host: harness.HostInfo, gp_home: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_PROVISION_HOME", str(gp_home))
+    target = resolve_target(host.inventory)
+    ex = open_executor(target, Store(gp_home), "link", lambda _: None)
+    try:
+        ssh(host, "mkdir -p ~/.gpu-provision")
+        link = measure_link(ex, size=4 << 20)
+    finally:
+        ex.conn.close()
+    assert link["up_mbs"] > 0 and link["down_mbs"] > 0 and link["bytes"] == 4 << 20
+    assert ssh(host, "ls -A ~/.gpu-provision | grep -c link-probe || true")[1].strip() == "0"
 
 
 WRITER = r"""

@@ -213,3 +213,26 @@ def test_rsync_output_read_back() -> None:
     assert run.link_lost
     assert rsync.parse_version("rsync  version 3.2.7  protocol version 31") == (3, 2, 7)
     assert rsync.parse_version("openrsync: protocol version 29") is None
+
+
+def test_compare_shows_the_link_beside_the_price(tmp_path: Path) -> None:
+    """bench measures both directions; a direction it lacks comes from the host's last sync;
+    100 GB up is shown in hours and money at the host's price."""
+    import json as _json
+
+    from provision.compare import find_reports, rows
+    from provision.store import Store
+
+    store = Store(tmp_path)
+    bench = {"host": "box", "mode": "gpu", "gpus": ["H100"], "tflops": {"bf16": 700.0},
+             "train_samples_s": 1000.0, "link": {"up_mbs": None, "down_mbs": 80.0}}
+    store.save_report("box", bench, kind="bench", run="20261201-000000")
+    for run, mbs in (("20261201-000001", 5.0), ("20261201-000002", 12.5)):
+        store.save_report("box", {"direction": "up", "mbs": mbs}, kind="link", run=run)
+    store.save_report("box", {"direction": "down", "mbs": 999.0}, kind="link",
+                      run="20261201-000003")
+    [row] = rows(find_reports(store), lambda r: (2.0, "USD"))
+    assert (row.link_up_mbs, row.link_down_mbs) == (12.5, 80.0)  # bench's own down kept
+    assert row.upload_100gb_h == round(100_000 / 12.5 / 3600, 2)
+    assert row.upload_100gb_cost == round(100_000 / 12.5 / 3600 * 2.0, 2)
+    assert _json.loads(_json.dumps(row.as_json()))["link_up_mbs"] == 12.5
