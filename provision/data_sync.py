@@ -391,10 +391,13 @@ class _Meter:
 def _sftp_up(ex: Executor, local: Side, there: Side, plan: Changes,
              progress: Progress | None) -> tuple[int, int, str]:
     root = Path(local.path)
-    folders = sorted({posixpath.dirname(_join(there.path, e.rel)) for e in plan.send}
-                     - {_join(there.path, d) for d in there.dirs})
+    there_already = {_join(there.path, d) for d in there.dirs}
     if there.kind == "d":
-        folders = [f for f in folders if f != there.path]
+        there_already.add(there.path)
+    if there.parent_exists:
+        there_already.add(posixpath.dirname(there.path.rstrip("/")))
+    folders = sorted({posixpath.dirname(_join(there.path, e.rel)) for e in plan.send}
+                     - there_already)
     if folders:
         _host_script(ex, "mkdir", folders)
     with ThreadPoolExecutor(1) as pool:  # this side's hashes while the files go up

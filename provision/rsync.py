@@ -14,6 +14,7 @@ Used only where both ends have rsync (laptop >= 3.1 for ``--info=progress2``, ho
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -50,8 +51,10 @@ def parse_version(text: str) -> tuple[int, ...] | None:
     return tuple(int(x) for x in m.groups()) if m else None
 
 
+@functools.cache
 def local_rsync() -> tuple[str, str] | None:
-    """(rsync, ssh) programs on this machine when both are there and rsync is new enough."""
+    """(rsync, ssh) programs on this machine when both are there and rsync is new enough
+    (asked once per process: ``rsync --version`` costs a process start)."""
     rsync, ssh = shutil.which("rsync"), shutil.which("ssh")
     if not rsync or not ssh:
         return None

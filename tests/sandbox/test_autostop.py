@@ -159,6 +159,29 @@ def test_vast_api_stop_with_the_pushed_key_never_written_down(host: harness.Host
     assert key not in status.stdout + status.stderr
 
 
+def test_after_job_arms_only_once_that_job_has_run_and_ended(host: harness.HostInfo,
+                                                             gp_home: Path,
+                                                             tmp_path: Path) -> None:
+    set_gpu(host, 0, 3)
+    ssh(host, "rm -rf ~/.gpu-provision/jobs")
+    n = len(host.calls())
+    r = gpu_provision("-H", host.inventory, "autostop", "--idle", f"{IDLE}s", "--interval",
+                      f"{INTERVAL}s", "--after-job", "finetune", home=gp_home, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    busy_for_longer_than_idle(host, "job finetune has not run yet")  # idle, but not armed
+    ssh(host, "mkdir -p ~/.gpu-provision/jobs/finetune; setsid bash -c 'echo $$ > "
+              "~/.gpu-provision/jobs/finetune/pid; exec sleep 600' > /dev/null 2>&1 < /dev/null &")
+    busy_for_longer_than_idle(host, "job finetune (pid ")
+    assert calls_since(host, n, "shutdown") == []
+    ssh(host, "kill $(cat ~/.gpu-provision/jobs/finetune/pid)")
+    deadline = time.monotonic() + 60
+    while not calls_since(host, n, "shutdown"):
+        assert time.monotonic() < deadline, state(host)
+        time.sleep(0.1)
+    log = host.path("/root/.gpu-provision/logs/autostop.log").read_text()
+    assert "job finetune has ended" in log
+
+
 def test_status_cancel_replace_and_refusals(host: harness.HostInfo, gp_home: Path,
                                             tmp_path: Path) -> None:
     def pids() -> list[int]:
