@@ -106,10 +106,11 @@ def _validate(req: Request) -> None:
             raise ProvisionError(f"{flag} {path!r}: not a path")
 
 
-def decide(platform: Platform, req: Request, home: str) -> Decision:
+def decide(platform: Platform, req: Request, home: str, base: str | None = None) -> Decision:
     """The action and what is saved first; raises ProvisionError (one line: what, why, and what
     to say instead) for an action that would delete data not given up explicitly, one that does
-    not end the billing, or one the platform cannot do."""
+    not end the billing, or one the platform cannot do. A relative ``--save`` is under ``base``
+    (the data dir, as for sync), else the home."""
     _validate(req)
     prof = platform.autostop
     known = ", ".join(k for k, a in prof.actions.items() if not a.refused) or "none"
@@ -129,7 +130,7 @@ def decide(platform: Platform, req: Request, home: str) -> Decision:
             "--action terminate to accept it")
     persistent = expand_home(req.save_to or prof.persistent_dir or "", home) or None
     notes: list[str] = []
-    save = _abs(req.save, home) if req.save else None
+    save = _abs(req.save, home, base or home) if req.save else None
     require = None
     if spec.deletes == "outside-persistent":
         if persistent is None:
@@ -158,9 +159,9 @@ def decide(platform: Platform, req: Request, home: str) -> Decision:
     return Decision(platform.name, name, spec, save, save_to, require, tuple(notes))
 
 
-def _abs(path: str, home: str) -> str:
+def _abs(path: str, home: str, base: str) -> str:
     full = expand_home(path, home)
-    return full if full.startswith("/") else f"{home.rstrip('/')}/{full}"
+    return full if full.startswith("/") else f"{base.rstrip('/')}/{full}"
 
 
 def watchdog_script(dec: Decision, req: Request, platform: Platform) -> str:

@@ -481,18 +481,17 @@ def _place_down(entries: Sequence[Entry], paths: Sequence[str], here: Path,
 
 # --- rsync ------------------------------------------------------------------------------------
 
-def _rsync_fail(ex: Executor, what: str, run: rsync.RsyncRun, done: int, total: int) -> Exception:
+def _rsync_fail(ex: Executor, what: str, run: rsync.RsyncRun, total: int) -> Exception:
     if run.link_lost:
-        return SSHError(ex.host, "connection lost", f"the link dropped during the {what} after "
-                        f"{human(done)} of {human(total)}; run the same command again: it "
-                        "continues from what arrived (rsync keeps the cut file aside)")
+        return SSHError(ex.host, "connection lost", f"the link dropped during the {what} of "
+                        f"{human(total)}; run the same command again: it continues from what "
+                        "arrived (rsync keeps the cut file aside)")
     return RemoteError(ex.host, "sync", run.exit_code, run.stderr,
                        fix="see rsync's message above; `--transport sftp` avoids rsync")
 
 
-def _tracked(progress: Progress | None, total: int, seen: list[int]) -> Callable[[int], None]:
+def _tracked(progress: Progress | None, total: int) -> Callable[[int], None]:
     def update(done: int) -> None:
-        seen[0] = done
         if progress:
             progress(min(done, total), total)
     return update
@@ -505,14 +504,13 @@ def _rsync_up(ex: Executor, target: Target, local: Side, there: Side, plan: Chan
     parent = posixpath.dirname(there.path.rstrip("/"))
     if there.kind == "-" and not there.parent_exists:  # rsync makes only the last folder
         _host_script(ex, "mkdir", [there.path if local.kind == "d" else parent])
-    seen = [0]
     with _ssh(target, prog[1], link) as ssh:
         listed = local.kind == "d"
         cmd = rsync.argv(prog[0], ssh, local.path, there.path, listed=listed, up=True)
         run = rsync.run(cmd, [e.rel for e in plan.send] if listed else None,
-                        _tracked(progress, plan.bytes, seen))
+                        _tracked(progress, plan.bytes))
     if run.exit_code != 0:
-        raise _rsync_fail(ex, "upload", run, seen[0], plan.bytes)
+        raise _rsync_fail(ex, "upload", run, plan.bytes)
     return run.literal, run.matched, "rsync's whole-file checksum of each file sent"
 
 
@@ -523,13 +521,12 @@ def _rsync_down(ex: Executor, target: Target, there: Side, here: Path, plan: Cha
     assert prog is not None
     listed = there.kind == "d"
     (here if listed else here.parent).mkdir(parents=True, exist_ok=True)
-    seen = [0]
     with _ssh(target, prog[1], link) as ssh:
         cmd = rsync.argv(prog[0], ssh, there.path, str(here), listed=listed, up=False)
         run = rsync.run(cmd, [e.rel for e in plan.send] if listed else None,
-                        _tracked(progress, plan.bytes, seen))
+                        _tracked(progress, plan.bytes))
     if run.exit_code != 0:
-        raise _rsync_fail(ex, "download", run, seen[0], plan.bytes)
+        raise _rsync_fail(ex, "download", run, plan.bytes)
     return run.literal, run.matched, "rsync's whole-file checksum of each file sent"
 
 

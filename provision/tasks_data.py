@@ -15,6 +15,7 @@ from .autostop import parse_duration
 from .bootstrap import run_step
 from .errors import ProvisionError
 from .inventory import settings_for
+from .ops.layout import expand_home
 from .ops.secrets import secrets_step
 from .recipes import load_platform
 from .secrets import digest, push_values
@@ -96,8 +97,8 @@ AUTOSTOP_HELP = {
     "after_job": "arm only once this job (of `run`) has run and ended",
     "action": "stop | shutdown | terminate (default: the platform's; terminate only when "
               "given explicitly)",
-    "save": "a checkpoint folder on the host to copy to the platform's persistent storage "
-            "before the stop",
+    "save": "a checkpoint folder on the host (relative: under the data dir) to copy to the "
+            "platform's persistent storage before the stop",
     "save_to": "where --save goes instead of the platform's persistent storage",
     "instance_id": "the platform's id of this instance, where the host cannot find it itself "
                    "(Lambda)",
@@ -143,7 +144,8 @@ def autostop(c: Context, idle: str = autostop_mod.DEFAULT_IDLE,
                 idle=parse_duration(idle, "--idle"), interval=parse_duration(interval, "--interval"),
                 after_job=after_job, action=action, save=save, save_to=save_to,
                 instance_id=instance_id, util_max=gpu_util, mem_max_mib=gpu_mem)
-            decision = autostop_mod.decide(platform, req, facts.home)
+            base = expand_home(settings.data_dir, facts.home) if settings.data_dir else None
+            decision = autostop_mod.decide(platform, req, facts.home, base)
             values = push_values(target)
             if values:  # the platform's API key, if the inventory pushes one
                 run_step(s.ex, secrets_step(facts, values, digest(values)), s.run, output.console)

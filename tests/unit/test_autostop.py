@@ -80,6 +80,14 @@ def test_what_each_platform_runs(platform: str, flags: dict[str, str], action: s
     assert d.action_text == action and d.save_to == saved
 
 
+def test_relative_save_is_under_the_data_dir() -> None:
+    d = autostop.decide(PLATFORMS["autodl"], autostop.Request(save="run1/ckpt"), "/root",
+                        "/root/autodl-tmp")
+    assert d.save == "/root/autodl-tmp/run1/ckpt"
+    assert autostop.decide(PLATFORMS["autodl"], autostop.Request(save="ckpt"), "/root").save \
+        == "/root/ckpt"
+
+
 def test_never_a_silent_delete() -> None:
     """No platform's default action deletes data: those need --action terminate, said."""
     for p in all_platforms():
