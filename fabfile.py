@@ -1,9 +1,11 @@
 """So that ``fab -l`` / ``fab -H host bootstrap`` in a checkout find the project's tasks."""
 
 from provision.tasks import (  # noqa: F401
+    autostop,
     bootstrap,
     compare,
     conda_task,
+    cost,
     authorize,
     bench,
     doctor,
@@ -20,6 +22,7 @@ from provision.tasks import (  # noqa: F401
     refresh_compat,
     repin,
     run,
+    sync,
     torch_task,
     verify,
     validate,

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .compare import Row, money, number, significant
+from .compare import Row, money, number, significant, upload_text
 from .extras import need
 
 BAR = "#2f6db5"  # the bars' colour (the HTML test looks for it in the rendered page)
@@ -99,7 +99,7 @@ def source_name(source: str, page_dir: Path) -> str:
 def page(rows: Sequence[Row], svg: str, png_name: str, notes: Sequence[str] = (),
          page_dir: Path | None = None) -> str:
     head = ("host", "platform", "GPU", "price/h", "TFLOPS", "samples/s", "per 1M samples",
-            "per TFLOP-hour", "download MB/s", "source")
+            "per TFLOP-hour", "download MB/s", "link up/down MB/s", "100 GB up", "source")
     where = page_dir or Path.cwd()
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
@@ -107,6 +107,7 @@ def page(rows: Sequence[Row], svg: str, png_name: str, notes: Sequence[str] = ()
             significant(r.tflops) + (f" {r.tflops_dtype}" if r.tflops_dtype else ""),
             number(r.samples_s), significant(r.cost_per_m_samples, r.currency),
             significant(r.cost_per_tflop_hour, r.currency), number(r.download_mbs),
+            f"{number(r.link_up_mbs)} / {number(r.link_down_mbs)}", upload_text(r),
             source_name(r.source, where))) + "</tr>"
         for r in rows)
     note = "".join(f"<li>{html.escape(n)}</li>" for n in notes)

@@ -219,6 +219,10 @@ def bench_table(host: str, r: dict[str, Any], path: Any, out: Console | None = N
     t.add_row("disk", f"write {number(r.get('disk_write_mbs'), ' MB/s')}, read "
                       f"{number(r.get('disk_read_mbs'), ' MB/s')} ({r.get('disk_path')})")
     t.add_row("CPU", f"{r.get('cpu_cores')} cores, single-core score {r.get('cpu_single_score')}")
+    link = r.get("link") or {}
+    t.add_row("link (this machine)", f"up {number(link.get('up_mbs'), ' MB/s')}, down "
+                                     f"{number(link.get('down_mbs'), ' MB/s')}"
+              + (f" ({escape(link['error'])})" if link.get("error") else ""))
     for d in r.get("downloads") or []:
         t.add_row(f"download {d['kind']}", escape(number(d.get("mbs"), " MB/s") + f" {d['url']}"
                                                   + (f" ({d['error']})" if d.get("error") else "")))
@@ -229,15 +233,17 @@ def bench_table(host: str, r: dict[str, Any], path: Any, out: Console | None = N
 
 
 def compare_table(rows: Sequence[Any], notes: Sequence[str], out: Console | None = None) -> None:
-    from .compare import money, number, significant
+    from .compare import money, number, significant, upload_text
     out = out or __getattr__("console")
     t = table("compare: value for money (cheapest first)", "host", "platform", "GPU", "price/h>",
-              "TFLOPS>", "samples/s>", "per 1M samples>", "per TFLOP-hour>", "download MB/s>")
+              "TFLOPS>", "samples/s>", "per 1M samples>", "per TFLOP-hour>", "download MB/s>",
+              "link up/down MB/s>", "100 GB up>")
     for r in rows:
         t.add_row(escape(r.host), r.platform or "-", escape(r.gpu), money(r.price, r.currency, 2),
                   significant(r.tflops) + (f" {r.tflops_dtype}" if r.tflops_dtype else ""),
                   number(r.samples_s), significant(r.cost_per_m_samples, r.currency),
-                  significant(r.cost_per_tflop_hour, r.currency), number(r.download_mbs))
+                  significant(r.cost_per_tflop_hour, r.currency), number(r.download_mbs),
+                  f"{number(r.link_up_mbs)} / {number(r.link_down_mbs)}", upload_text(r))
     out.print(t)
     for n in notes:
         out.print(f"note: {escape(n)}")

@@ -240,10 +240,12 @@ def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
 
     matmul TFLOPS per dtype, memory and host-to-device bandwidth, a small CNN's training
     throughput, a detector's inference latency (batch 1 and 32), disk write/read in the data
-    dir, CPU cores and a single-core score, download speed from each mirror. A host without a
+    dir, CPU cores and a single-core score, download speed from each mirror, upload and download
+    speed between this machine and the host. A host without a
     GPU runs it on the CPU, labelled so. Example: gpu-provision -H my-4090 bench
     """
     from .bootstrap import run_step
+    from .data_sync import bench_link
     from .ops import validate as validate_ops
 
     if download_mb < 0:
@@ -255,8 +257,9 @@ def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
         step = validate_ops.bench_step(p.facts, p.layout, p.settings, p.torch, download_mb)
         output.console.print(f"{s.target.name}: bench: {step.reason} ...", markup=False)
         outcome = run_step(s.ex, step, s.run, output.console, again="bench")
+        link = bench_link(s.ex)  # this machine <-> host MB/s, for compare
     assert outcome.report is not None
-    report = validate_ops.bench_report(outcome.report, s.target, p.settings)
+    report = {**validate_ops.bench_report(outcome.report, s.target, p.settings), "link": link}
     path = s.store.save_report(s.target.name, report, kind="bench", run=s.run)
     if json_:
         output.print_json(report)
@@ -473,4 +476,5 @@ def forget_host_key(c: Context) -> None:
                          f"({known_hosts_path()})", markup=False)
 
 
+from .tasks_data import autostop, cost, sync  # noqa: E402,F401
 from .tasks_jobs import jobs, kill, logs, run, watch  # noqa: E402,F401

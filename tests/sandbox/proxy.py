@@ -8,6 +8,7 @@ import queue
 import socket
 import threading
 import time
+from collections import deque
 
 
 class TcpProxy:
@@ -92,3 +93,62 @@ class TcpProxy:
         self.closed = True
         self.server.close()
         self.cut()
+
+
+class LatencyProxy(TcpProxy):
+    """Like TcpProxy, but a far-away host as TCP sees it: each chunk arrives half the round trip
+    after it was sent, while later chunks keep flowing (the delay is a line, not a turnstile), so
+    only what waits for an answer (SSH channel windows, SFTP requests) pays the round trip.
+    At most ``buffer`` bytes are in flight each way; beyond that the sender waits, as behind a
+    bottleneck's queue."""
+
+    def __init__(self, target: tuple[str, int], delay_ms: float = 0.0, buffer: int = 16 << 20):
+        self.buffer = buffer
+        super().__init__(target, delay_ms)
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        line: deque[tuple[float, bytes]] = deque()
+        cond = threading.Condition()
+        queued = [0, False]  # bytes in the line, sender done
+
+        def deliver() -> None:
+            try:
+                while True:
+                    with cond:
+                        while not line and not queued[1]:
+                            cond.wait()
+                        if not line:
+                            return
+                        at, data = line[0]
+                    wait = at - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                    dst.sendall(data)
+                    with cond:
+                        line.popleft()
+                        queued[0] -= len(data)
+                        cond.notify_all()
+            except OSError:
+                pass
+            finally:
+                for s in (src, dst):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+        threading.Thread(target=deliver, daemon=True).start()
+        try:
+            while data := src.recv(65536):
+                with cond:
+                    while queued[0] > self.buffer:
+                        cond.wait()
+                    line.append((time.monotonic() + self.delay / 2, data))
+                    queued[0] += len(data)
+                    cond.notify_all()
+        except OSError:
+            pass
+        finally:
+            with cond:
+                queued[1] = True
+                cond.notify_all()
