@@ -262,8 +262,10 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         q_out, q_rc = _out(probes, "smi_query_nocc")
         state = parse_failure(q_out, q_rc)
         if state is None:
-            gpus = tuple(g.__class__(**{**asdict(g), "compute_cap": cc_from_name(g.name)})
-                         for g in parse_query_gpu(q_out))
+            gpus = parse_query_gpu(q_out)
+    # a driver without the field, or one answering [N/A] for it: the model's, from its name
+    gpus = tuple(g if g.compute_cap else g.__class__(**{**asdict(g), "compute_cap": cc_from_name(g.name)})
+                 for g in gpus)
     detail = STATE_TEXT[state or "ok"]
     if state == "nvml_mismatch":
         lib = nvml_library_version(q_out)

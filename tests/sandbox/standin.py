@@ -256,6 +256,13 @@ def apt_get(args: list[str], st: dict) -> int:
     if verb in ("install", "reinstall", "remove", "purge"):
         print("Reading package lists...\nBuilding dependency tree...\nReading state information...")
         cat = {p.name: p for p in catalog()}
+        cat.update(listed(st, pkgs))
+        wrong = [s for s in pkgs if "=" in s and apt_name(s) in cat
+                 and cat[apt_name(s)].version != s.split("=", 1)[1]]
+        if wrong:
+            err(*(f"E: Version '{s.split('=', 1)[1]}' for '{apt_name(s)}' was not found"
+                  for s in wrong))
+            return 100
         missing = [s for s in pkgs if apt_name(s) not in cat]
         if missing:
             err(*(f"E: Unable to locate package {s}" for s in missing))
@@ -265,6 +272,9 @@ def apt_get(args: list[str], st: dict) -> int:
                 installed(st).pop(apt_name(s), None)
             return 0
         db = installed(st)
+        for s in pkgs:  # another version of one asked by version is replaced
+            if "=" in s and apt_name(s) in db and db[apt_name(s)]["version"] != cat[apt_name(s)].version:
+                db.pop(apt_name(s))
         for s in pkgs:
             if apt_name(s) in db:
                 print(f"{apt_name(s)} is already the newest version ({db[apt_name(s)]['version']}).")
@@ -275,6 +285,22 @@ def apt_get(args: list[str], st: dict) -> int:
         return 0
     err(f"E: Invalid operation {verb}")
     return 100
+
+
+def listed(st: dict, specs: list[str]) -> dict[str, Pkg]:
+    """Packages a profile lists by their captured ``apt-cache madison`` output (the fabric
+    manager's several builds in NVIDIA's repository): the build asked for, else the first listed."""
+    out: dict[str, Pkg] = {}
+    for spec in specs:
+        name = apt_name(spec)
+        listing = (st.get("fabric") or {}).get("madison", {}).get(name)
+        if not listing:
+            continue
+        versions = [ln.split("|")[1].strip() for ln in fixture(listing).splitlines() if "|" in ln]
+        want = spec.split("=", 1)[1] if "=" in spec else versions[0]
+        if want in versions:
+            out[name] = Pkg(f"{name} {want} repo=cuda")
+    return out
 
 
 def dpkg_query(args: list[str], st: dict) -> int:
@@ -985,8 +1011,8 @@ def main() -> int:
     log_call(tool, args)
     if tool == "uname":  # no state: called often, and by ubuntu-drivers' apt-get under its lock
         return uname(args, {})
-    if tool in ("reboot", "shutdown"):  # like systemctl reboot: ask, and return at once
-        return reboot(args, {})
+    if tool == "reboot" or (tool == "shutdown" and ("-r" in args or "--reboot" in args)):
+        return reboot(args, {})  # like systemctl reboot: ask, and return at once
     if os.environ.get("GPU_SANDBOX_STATE_LOCKED") == "1":
         # run by ubuntu-drivers, which holds the state lock and saved the state for us
         os.environ.pop("GPU_SANDBOX_STATE_LOCKED")

@@ -5,7 +5,7 @@
 log; each answer replays a captured real output (tests/fixtures/fabric, cited in SOURCES.md).
 
 Which fabric manager is installed follows the package stand-ins' record of what was installed
-(``packages`` in the state: apt-get keeps ``name=version`` as asked); the profile says what the
+(apt-get installs the build asked for from the captured madison listing); the profile says what the
 board had before (``fabric_manager.installed``). Like the real service, it starts only when its
 version is exactly the loaded driver's; then the GPUs' fabric state turns Completed.
 ``nv-fabricmanager`` is always on PATH here: without the package it answers as the shell does
@@ -37,24 +37,11 @@ def installed(st: dict[str, Any]) -> str | None:
     """The fabric manager version on the host: the newest a package tool installed, else what
     the board came with."""
     fab = st["fabric"]
-    found = []
-    for pkg in st.get("packages", []):
-        m = FM_PACKAGE.match(pkg)
-        if m:
-            found.append(m.group("ver") or candidate(st, m.group("name")))
-    found = [v for v in found if v]
+    db = st.get("pkgdb", {}).get("installed", {})
+    found = [p["version"].split("-")[0] for name, p in db.items() if FM_PACKAGE.match(name)]
     if found:
         return max(found, key=lambda v: tuple(int(p) for p in v.split(".")))
     return fab.get("installed")
-
-
-def candidate(st: dict[str, Any], name: str) -> str | None:
-    """What an unpinned install of ``name`` gets: the first entry its madison listing shows."""
-    listing = st["fabric"].get("madison", {}).get(name)
-    if not listing:
-        return None
-    first = fixture(listing).splitlines()[0].split("|")[1].strip()
-    return first.split("-")[0]
 
 
 def set_fabric(st: dict[str, Any], state: str, status: str) -> None:

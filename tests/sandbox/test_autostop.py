@@ -115,7 +115,8 @@ def test_waits_for_jobs_and_busy_gpus_then_saves_and_stops(host: harness.HostInf
     after = gpu_provision("-H", host.inventory, "autostop", "--status", "--json", home=gp_home,
                           cwd=tmp_path)
     v = json.loads(after.stdout)
-    assert v["fired"] and not v["alive"] and v["state_text"] == "fired: ran shutdown (exit 0)"
+    assert v.get("fired") and not v["alive"] and v["state_text"] == "fired: ran shutdown (exit 0)", \
+        after.stdout + after.stderr
 
 
 def test_vast_api_stop_with_the_pushed_key_never_written_down(host: harness.HostInfo,
