@@ -5,7 +5,10 @@ The conventions (docs/architecture.md, "How to add a task"):
 
 - Options are long (``--torch``, ``--platform``). Three short letters exist and mean the same in
   every task: ``-j/--json``, ``-p/--python``, ``-r/--recipe``. No task letter repeats a
-  program-wide flag's (``PROGRAM_LETTERS``). Every option has help text.
+  program-wide flag's (``PROGRAM_LETTERS``), except where a verb's letter is what every user
+  types (``logs JOB -f``, as ``tail -f``, ``docker logs -f``): ``@task(short={"follow": "f"})``
+  declares it, and after that task's name ``-f`` is the task's; before it, Fabric's
+  ``-f/--config``. Every option has help text.
 - Exit codes: 0 done; 1 the task ran and found a failure (a FAIL verdict, a failed step or
   check, an SSH failure, a bad inventory); 2 the command line cannot work (an unknown task or
   option, a bad value, a missing ``-H``) or nothing fits (``pick``); 130 interrupted.
@@ -54,14 +57,15 @@ class Task(InvokeTask):  # type: ignore[type-arg]
     """
 
     def __init__(self, body: Callable[..., Any], *args: Any, command: bool = False,
-                 **kwargs: Any) -> None:
+                 short: dict[str, str] | None = None, **kwargs: Any) -> None:
         kwargs["auto_shortflags"] = False
         super().__init__(body, *args, **kwargs)
         self.takes_command = command  # reads a command given after `--` (command_line())
+        self.short = dict(short or {})  # this task's own letters (see the module's docstring)
 
     def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
         opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
-        letter = SHORT_FLAGS.get(opts["names"][0])
+        letter = self.short.get(opts["names"][0]) or SHORT_FLAGS.get(opts["names"][0])
         if letter is not None:
             opts["names"].append(letter)
         return opts

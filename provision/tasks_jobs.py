@@ -60,7 +60,7 @@ LOGS_HELP = {
 }
 
 
-@task(positional=["job"], help=LOGS_HELP)
+@task(positional=["job"], help=LOGS_HELP, short={"follow": "f"})
 @reports_errors
 def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
          hosts: str | None = None) -> None:

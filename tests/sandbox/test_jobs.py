@@ -37,7 +37,7 @@ def clone_home(src: harness.HostInfo, dst: harness.HostInfo) -> None:
     shutil.copy(a / ".gpu-provision" / "expected.json", b / ".gpu-provision" / "expected.json")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def trained(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.HostInfo]:
     """A CPU-only host bootstrapped once for every job test."""
     info = hosts.fresh("cpu-only")
@@ -49,7 +49,7 @@ def trained(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     harness.stop(info.id)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def second(hosts: Hosts, trained: harness.HostInfo) -> Iterator[harness.HostInfo]:
     info = hosts.fresh("cpu-only")
     clone_home(trained, info)
@@ -57,7 +57,7 @@ def second(hosts: Hosts, trained: harness.HostInfo) -> Iterator[harness.HostInfo
     harness.stop(info.id)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gpu_host(hosts: Hosts, trained: harness.HostInfo) -> Iterator[harness.HostInfo]:
     """The H200 stand-in (nvidia-smi replays a real H200's captures) with the CPU env."""
     info = hosts.fresh("h200")
@@ -115,8 +115,10 @@ def test_run_returns_at_once_in_one_execution(trained: harness.HostInfo, gp: Gp,
     token = "s3cr3t-token-value"
     inv = trained.inventory_with(tmp_path / "box.yaml", push_env=["GP_JOB_TOKEN"])
     gp.ok("-H", inv, "bootstrap", env={"GP_JOB_TOKEN": token})  # pushes the token
-    # the last validation named a fix: run applies it
-    reports = tmp_path / "reports" / "box"  # the newest report there (bootstrap saved one)
+    # the last validation named a fix: run applies it (this re-run changed nothing but the
+    # token, so it saved no report of its own: the newest one is this)
+    reports = tmp_path / "reports" / "box"
+    reports.mkdir(parents=True, exist_ok=True)
     fix = {"name": "nccl all-reduce", "status": "warn", "reason": "hung with peer-to-peer on",
            "env": {"NCCL_P2P_DISABLE": "1"}}
     (reports / f"validate-{run_id(time.time() + 3600)}.json").write_text(

@@ -69,19 +69,37 @@ def test_doctor_offline_on_an_error_text(tmp_path: Path) -> None:
 
 def test_every_option_has_help_and_the_conventional_letters() -> None:
     """Options are long; -j/-p/-r mean --json/--python/--recipe in every task and no task letter
-    shadows a program-wide flag; every option says what it is for, in every parser made."""
+    shadows a program-wide flag but `logs -f` (follow, as tail -f); every option says what it is
+    for, in every parser made."""
     from provision.cli import namespace, program
     from provision.taskkit import PROGRAM_LETTERS, SHORT_FLAGS
     core = {n for a in program.core_args() for n in a.names if len(n) == 1}
     assert core == PROGRAM_LETTERS
+    own = {("logs", "follow"): "f"}
     for _ in range(2):  # Invoke used to hand each help text to the first parser only
         for ctx in namespace.to_contexts():
             for arg in ctx.args.values():
                 long = max(arg.names, key=len)
                 assert arg.help, f"{ctx.name} --{long} has no help text"
                 for letter in (n for n in arg.names if len(n) == 1):
+                    if (ctx.name, long) in own:
+                        assert own[ctx.name, long] == letter
+                        continue
                     assert SHORT_FLAGS.get(long) == letter, f"{ctx.name}: -{letter} is --{long}"
                     assert letter not in PROGRAM_LETTERS, f"{ctx.name}: -{letter}"
+
+
+def test_logs_dash_f_follows_after_the_task_and_is_the_config_file_before_it() -> None:
+    """`logs JOB -f` follows (what tail, docker and kubectl taught everyone); `-f FILE` before
+    the task is still Fabric's config file."""
+    from invoke.parser import Parser
+
+    from provision.cli import namespace, program
+    parser = Parser(contexts=namespace.to_contexts(), initial=program.initial_context)
+    result = parser.parse_argv(["-f", "my.yaml", "logs", "train", "-f"])
+    got = [(c.name, {k: a.value for k, a in c.args.items() if a.got_value}) for c in result]
+    assert got[0][1].get("config") == "my.yaml"
+    assert got[1] == ("logs", {"job": "train", "follow": True})
 
 
 def test_a_plain_import_stays_light() -> None:
