@@ -148,21 +148,11 @@ def how_to_follow(c: Context, hosts: str | None, job: str) -> str:
     return f"gpu-provision -H {getattr(c, 'original_host', None) or '?'} logs {job} -f"
 
 
-
-
 def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: str | None = None,
         share: bool = False, hosts: str | None = None, nproc_per_node: int = 0,
         master_port: int = DEFAULT_PORT, master_addr: str | None = None, launcher: str = "auto",
         json_: bool = False) -> dict[str, Any]:
-    """Start a job detached from SSH in the bootstrapped env and return at once.
-
-    The command after -- runs as given (its words are argv, never re-split by a shell), with the
-    pushed tokens, CUDA_VISIBLE_DEVICES, PYTHONUNBUFFERED=1 and the fixes the last validation
-    named (NCCL_P2P_DISABLE=1 ...); output to a log under the data dir. Without -- it runs the
-    recipe's job:. A job on GPUs another running job uses is refused unless --share. With
-    --hosts a,b it is torchrun on each host, the rendezvous on the first.
-    Example: gpu-provision -H my-4090 run --gpus 0,1 -- python train.py --epochs 10
-    """
+    """The `run` task's body; its help is in provision/tasks_jobs.py."""
     if hosts and has_host(c):
         raise UsageError(BOTH)
     targets = targets_of(c, hosts)
@@ -234,11 +224,7 @@ def _specs(base: JobSpec, targets: Sequence[Target], store: Store, facts: list[H
 
 def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
          hosts: str | None = None) -> None:
-    """Print a job's log from where the last reader stopped; -f follows it to the job's end.
-
-    A re-run after an SSH drop, Ctrl-C or a killed terminal resumes without repeating or losing
-    lines. Example: gpu-provision -H my-4090 logs train -f
-    """
+    """The `logs` task's body; its help is in provision/tasks_jobs.py."""
     check_ref(job)
     targets = targets_of(c, hosts)
     store = Store()
@@ -303,11 +289,7 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
 
 
 def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None = None) -> None:
-    """Each job on the host: state (running / exited N / killed by OOM / lost in a reboot),
-    start, duration, GPUs, the GPU memory its processes hold, log size and last line.
-
-    Example: gpu-provision -H my-4090 jobs --json
-    """
+    """The `jobs` task's body; its help is in provision/tasks_jobs.py."""
     targets = targets_of(c, hosts)
     store = Store()
 
@@ -338,11 +320,7 @@ def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None 
 
 def kill(c: Context, job: str, grace: int = 10, hosts: str | None = None,
          json_: bool = False) -> None:
-    """Stop a job: SIGINT (as Ctrl-C would), then SIGTERM, then SIGKILL, each after the grace
-    period while it still runs; says which one ended it.
-
-    Example: gpu-provision -H my-4090 kill train
-    """
+    """The `kill` task's body; its help is in provision/tasks_jobs.py."""
     check_ref(job)
     if grace < 0:
         raise ProvisionError("--grace: seconds, 0 or more")
@@ -367,13 +345,7 @@ def kill(c: Context, job: str, grace: int = 10, hosts: str | None = None,
 
 def watch(c: Context, once: bool = False, json_: bool = False, interval: int = 2,
           samples: int = 0, idle_minutes: float = 10.0, hosts: str | None = None) -> None:
-    """A live view of the GPUs (utilisation, memory, temperature, power, SM clock, throttling),
-    the jobs (state, log growth) and disk and memory, with alerts; -H a,b,c in one table.
-
-    ONE long-lived sampler per host streams a JSON line every --interval seconds: one remote
-    execution for the whole watch. Example: gpu-provision -H my-4090 watch;
-    gpu-provision -H my-4090 watch --once --json
-    """
+    """The `watch` task's body; its help is in provision/tasks_jobs.py."""
     if interval < 1:
         raise ProvisionError("--interval: 1 second or more")
     targets = targets_of(c, hosts)
