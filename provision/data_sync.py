@@ -21,7 +21,6 @@ no process has it open for writing; each is pulled once.
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 import posixpath
 import queue
@@ -38,7 +37,7 @@ from typing import Any
 from . import rsync
 from .command import bash_script
 from .errors import ProvisionError, RemoteError, SSHError
-from .executor import NO_EXIT_STATUS, Executor, local_part, remote_part
+from .executor import NO_EXIT_STATUS, Executor, file_sha256, local_part, remote_part
 from .facts.platform import detect_platform
 from .gather import markers_of
 from .inventory import Target, settings_for
@@ -363,14 +362,6 @@ def _host_script(ex: Executor, mode: str, records: Sequence[str]) -> list[str]:
     return [x for x in r.stdout.split("\0") if x]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class _Meter:
     """Whole-transfer progress from per-file callbacks."""
 
@@ -402,7 +393,7 @@ def _sftp_up(ex: Executor, local: Side, there: Side, plan: Changes,
         _host_script(ex, "mkdir", folders)
     with ThreadPoolExecutor(1) as pool:  # this side's hashes while the files go up
         digests: dict[str, Future[str]] = {
-            e.rel: pool.submit(_sha256, _local(root, e.rel)) for e in plan.send}
+            e.rel: pool.submit(file_sha256, _local(root, e.rel)) for e in plan.send}
         meter = _Meter(plan.bytes, progress)
         had: dict[str, int] = {}  # bytes of each file that were already there
         for e in plan.send:
@@ -470,7 +461,7 @@ def _place_down(entries: Sequence[Entry], paths: Sequence[str], here: Path,
     for e, src in zip(entries, paths, strict=True):
         final = _local(here, e.rel)
         part = local_part(final)
-        if sums.get(src) != _sha256(part):
+        if sums.get(src) != file_sha256(part):
             bad.add(src)
             continue
         os.utime(part, (e.mtime, e.mtime))
@@ -677,10 +668,10 @@ def _pull(ex: Executor, target: Target, root: str, here: Path, ev: Ready, transp
         if transport == "rsync":
             _rsync_down(ex, target, Side(src, "f", 0, {"": Entry("", ev.size, ev.mtime)}), final,
                         Changes((Entry("", ev.size, ev.mtime),), 0), None, link)
-            digest = _sha256(final)
+            digest = file_sha256(final)
         else:
             _sftp_down(ex, Side(root, "d"), here, plan, None)
-            digest = _sha256(final)
+            digest = file_sha256(final)
     except RemoteError as exc:  # it changed while it was read: it will be named again
         show(f"{ev.rel}: changed while it was read; it is pulled once it settles again ({exc})")
         return

@@ -106,7 +106,8 @@ def _interruptible(conn: Connection) -> Iterator[list[bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A local file's sha256, read in 1 MiB pieces."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 20):
@@ -208,7 +209,7 @@ class Executor:
         started = time.monotonic()
         target = self.remote_path(remote)
         part = remote_part(target)
-        size, digest = local.stat().st_size, _sha256(local)
+        size, digest = local.stat().st_size, file_sha256(local)
         sftp = self._sftp(f"the upload of {local}")
         resumed = self.put_part(local, target, progress, step)
         try:
@@ -283,9 +284,9 @@ class Executor:
         size = attrs.st_size or 0
         digest = self.remote_sha256(source, step)
         resumed = self.get_part(source, local, size, progress, step)
-        if _sha256(part) != digest and resumed:
+        if file_sha256(part) != digest and resumed:
             resumed = self.get_part(source, local, size, progress, step, resume=False)
-        if _sha256(part) != digest:
+        if file_sha256(part) != digest:
             raise RemoteError(self.host, step, 1, f"{source}: sha256 here differs from "
                               f"the host's {digest}", fix="the file may have changed "
                               "while it was read; run it again")
