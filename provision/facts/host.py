@@ -99,6 +99,7 @@ class HostFacts:
     nvidia_output: str = ""  # nvidia-smi's own words when it failed (what doctor matches)
     step_logs: Mapping[str, str] = field(default_factory=dict)  # step -> tail of its host log
     now: float = 0.0  # the host's clock (epoch seconds) when the facts were read
+    uv_versions: tuple[str, ...] = ()  # our uv in ~/.gpu-provision/tools (ops/installer.py)
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -335,6 +336,8 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         nvidia_output=q_out.strip()[:4000] if state not in (None, "no_driver") else "",
         step_logs=parse_step_logs(_ok(probes, "step_logs") or ""),
         now=float((_ok(probes, "now") or "0").strip() or 0),
+        uv_versions=tuple(ln.strip() for ln in (_ok(probes, "uv_tools") or "").splitlines()
+                          if ln.strip()),
     )
 
 

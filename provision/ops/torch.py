@@ -12,6 +12,7 @@ from ..facts.host import CondaEnv, HostFacts
 from ..inventory import Settings
 from ..templating import render
 from .conda import MIRROR_TIMEOUT, configured_pypi, listed
+from .installer import choose_installer
 from .layout import INTERRUPTED, Layout, find_env
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
@@ -54,7 +55,8 @@ def torch_step(facts: HostFacts, settings: Settings, lay: Layout, choice: TorchC
     reqs = torch_requirements(choice, settings)
     indexes = tuple(f"{b.rstrip('/')}/{choice.cuda}" for b in settings.mirrors.pytorch)
     body = render("torch.sh.j2", python_bin=lay.python_bin, requirements=reqs, indexes=indexes,
-                  mirror_timeout=MIRROR_TIMEOUT, repair=repair)
+                  mirror_timeout=MIRROR_TIMEOUT, repair=repair,
+                  **choose_installer(facts, settings).template_vars())
     return Step("torch", INTERRUPTED if repair else "; ".join(choice.reasons),
                 action=f"install {choice.label}", body=body,
                 inputs=inputs_hash(reqs=reqs, index=indexes), repair=repair,
@@ -71,6 +73,7 @@ def packages_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
             and "packages" not in facts.interrupted:
         return nothing("packages", f"{' '.join(settings.packages)} installed (journal)")
     body = render("packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
-                  pypi=configured_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
+                  pypi=configured_pypi(settings), mirror_timeout=MIRROR_TIMEOUT,
+                  **choose_installer(facts, settings).template_vars())
     return Step("packages", f"recipe {settings.recipe}, from {listed(pypi)}, torch pinned",
-                action="pip install " + " ".join(settings.packages), body=body, inputs=h)
+                action="install " + " ".join(settings.packages), body=body, inputs=h)
