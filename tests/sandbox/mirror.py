@@ -12,7 +12,13 @@
 - ``/conda/``: an (empty) channel URL for ``.condarc``;
 - ``/tampered/miniconda/``: the same index page, with the genuine sha256 of each installer, but
   installers altered on the way (a line appended), as a man in the middle or a broken CDN edge
-  would serve them: a client that checks the published hash must refuse them.
+  would serve them: a client that checks the published hash must refuse them;
+- ``/overlay/<name>/simple/``: the PyPI mirror as a test shapes it with ``overlay()``: extra
+  wheels added to their projects (a fake ``torch`` of a higher version), projects it lacks (a
+  mirror without uv), projects whose files are altered on the way (under their genuine sha256).
+
+Files the mirror fetches from the upstream index are kept under ``upstream/`` (they never change
+there), and ``access.log`` has one line per request with the bytes sent (``bytes_served``).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import html
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +37,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from functools import cache
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -139,6 +147,33 @@ class Content:
             out.append((unquote(file_url.rsplit("/", 1)[-1]), f"up/{quote(file_url, safe='')}"))
         return out
 
+    def upstream_file(self, url: str) -> Path | None:
+        """The upstream file at ``url``, fetched once into ``upstream/`` (kept while the mirror's
+        folder lives: files on an index never change)."""
+        if not url.startswith("https://"):
+            return None
+        path = self.root / "upstream" / hashlib.sha256(url.encode()).hexdigest()
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}")
+            try:
+                with urllib.request.urlopen(url, timeout=60) as r, tmp.open("wb") as f:
+                    shutil.copyfileobj(r, f, 1 << 20)
+            except (urllib.error.URLError, TimeoutError):
+                tmp.unlink(missing_ok=True)
+                return None
+            tmp.rename(path)
+        return path
+
+    def overlay(self, name: str) -> dict[str, Any] | None:
+        """An overlay's settings (``overlay()``), None when there is no such overlay."""
+        folder = self.root / "overlays" / name
+        if not re.fullmatch(r"[a-z0-9-]+", name) or not (folder / "overlay.json").is_file():
+            return None
+        conf: dict[str, Any] = json.loads((folder / "overlay.json").read_text())
+        conf["wheels"] = {w.name: w for w in folder.glob("*.whl")}
+        return conf
+
     def projects(self) -> list[str]:
         names = set()
         for root in self.indexes:
@@ -182,10 +217,15 @@ def page(title: str, links: list[tuple[str, str]]) -> bytes:
 
 class Handler(SimpleHTTPRequestHandler):
     content: Content
+    sent = 0  # body bytes sent for the request being served
+    code: int | str = "-"
 
     def log_message(self, fmt: str, *args: Any) -> None:
         with open(self.content.root / "access.log", "a") as f:
             f.write(f"{self.address_string()} {fmt % args}\n")
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        self.code = code  # logged with the bytes sent once the request is served (do_GET)
 
     def send_bytes(self, data: bytes, ctype: str = "text/html") -> None:
         self.send_response(200)
@@ -194,6 +234,7 @@ class Handler(SimpleHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+            self.sent += len(data)
 
     def send_file(self, path: Path) -> None:
         size = path.stat().st_size
@@ -206,25 +247,63 @@ class Handler(SimpleHTTPRequestHandler):
         with path.open("rb") as f:
             while chunk := f.read(1 << 20):
                 self.wfile.write(chunk)
+                self.sent += len(chunk)
 
     def send_upstream(self, url: str) -> None:
         if not url.startswith("https://"):
             return self.send_error(403)
-        try:
-            with urllib.request.urlopen(url, timeout=60) as r:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", r.headers.get("Content-Length", "0"))
-                self.end_headers()
-                while chunk := r.read(1 << 20):
-                    self.wfile.write(chunk)
-        except (urllib.error.URLError, TimeoutError):
-            self.send_error(502)
+        path = self.content.upstream_file(url)
+        return self.send_file(path) if path else self.send_error(502)
+
+    def file_of(self, ref: str) -> Path | None:
+        """A file ref of the index pages (``0/files/x.whl``, ``links/x.whl``, ``up/<url>``)."""
+        if ref.startswith("up/"):
+            return self.content.upstream_file(ref.removeprefix("up/"))
+        return self.content.local_file(ref)
 
     def do_HEAD(self) -> None:
         self.do_GET()
 
-    def do_GET(self) -> None:  # noqa: C901 - a router
+    def do_GET(self) -> None:
+        self.sent, self.code = 0, "-"
+        try:
+            self.route()
+        finally:
+            self.log_message('"%s" %s %d %.3f', self.requestline, self.code, self.sent, time.time())
+
+    def route_overlay(self, name: str, rest: list[str]) -> None:
+        """``/overlay/<name>/{simple/[project/], files/<wheel>, tampered/<ref>}``."""
+        conf = self.content.overlay(name)
+        if conf is None:
+            return self.send_error(404)
+        wheels: dict[str, Path] = conf["wheels"]
+        if rest[:1] == ["files"] and len(rest) == 2 and rest[1] in wheels:
+            return self.send_file(wheels[rest[1]])
+        if rest[:1] == ["tampered"] and len(rest) >= 2:
+            f = self.file_of("/".join(rest[1:]))
+            return self.send_bytes(f.read_bytes() + TAMPERED, "application/octet-stream") \
+                if f else self.send_error(404)
+        if rest[:1] != ["simple"]:
+            return self.send_error(404)
+        extra: dict[str, list[str]] = {}
+        for w in wheels:
+            extra.setdefault(norm(w.split("-", 1)[0]), []).append(w)
+        if len(rest) == 1:
+            names = sorted((set(self.content.projects()) | set(extra)) - set(conf["hide"]))
+            return self.send_bytes(page("Simple index", [(p, f"{p}/") for p in names]))
+        project = norm(rest[1])
+        if project in conf["hide"]:
+            return self.send_error(404)
+        links = [(w, f"/overlay/{name}/files/{w}#sha256={sha256(wheels[w])}")
+                 for w in extra.get(project, [])]
+        local = project in map(norm, self.content.projects())
+        files = list(self.content.project_links(project)) if local or not links else []
+        prefix = f"/overlay/{name}/tampered/" if project in conf["tamper"] else "/files/"
+        links += [(n, f"{prefix}{ref}#sha256={self.hash_of(ref)}") for n, ref in files]
+        return self.send_bytes(page(f"Links for {project}", links)) if links \
+            else self.send_error(404)
+
+    def route(self) -> None:  # noqa: C901 - a router
         c = self.content
         # split before unquoting: an upstream file ref is one %-encoded URL segment
         parts = [unquote(p) for p in urlparse(self.path).path.split("/") if p]
@@ -241,6 +320,8 @@ class Handler(SimpleHTTPRequestHandler):
                 return self.send_bytes(f.read_bytes() + TAMPERED, "application/octet-stream")
             if parts[:2] == ["files", "up"] and len(parts) == 3:
                 return self.send_upstream(parts[2])
+            if parts[:1] == ["overlay"] and len(parts) >= 3:
+                return self.route_overlay(parts[1], parts[2:])
             if parts[:1] == ["files"]:
                 f = c.local_file("/".join(parts[1:]))
                 return self.send_file(f) if f else self.send_error(404)
@@ -353,6 +434,50 @@ def stop() -> None:
         except ProcessLookupError:
             break
     sf.unlink()
+
+
+def overlay(name: str, *, wheels: Iterable[Path] = (), hide: Iterable[str] = (),
+            tamper: Iterable[str] = ()) -> str:
+    """A PyPI mirror shaped for a test, served at the URL returned (``<base>/overlay/<name>/simple``):
+    the mirror's projects plus ``wheels`` (each listed under its project, beside what the mirror
+    has), less the ``hide`` projects (404, as on a mirror that lacks them), with the files of the
+    ``tamper`` projects altered on the way under their genuine sha256."""
+    base = ensure()["url"]
+    folder = _state_file().parent / "overlays" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for w in wheels:
+        shutil.copy(w, folder / w.name)
+    (folder / "overlay.json").write_text(json.dumps({"hide": sorted(map(norm, hide)),
+                                                     "tamper": sorted(map(norm, tamper))}))
+    return f"{base}/overlay/{name}/simple"
+
+
+def log_offset() -> int:
+    """Where the access log ends now: ``bytes_served`` counts from here."""
+    log = _state_file().parent / "access.log"
+    return log.stat().st_size if log.exists() else 0
+
+
+def requests(since: int) -> list[tuple[str, int]]:
+    """(request line, body bytes sent) of each request served since ``log_offset()`` returned
+    ``since``."""
+    log = _state_file().parent / "access.log"
+    with log.open("rb") as f:
+        f.seek(since)
+        text = f.read().decode("utf-8", "replace")
+    out = []
+    for line in text.splitlines():
+        m = re.fullmatch(r'\S+ "(.*)" \S+ (\d+) [\d.]+', line)
+        if m:
+            out.append((m.group(1), int(m.group(2))))
+    return out
+
+
+def bytes_served(since: int) -> tuple[int, int]:
+    """(body bytes the mirror sent, requests) since ``log_offset()`` returned ``since``."""
+    served = requests(since)
+    return sum(n for _, n in served), len(served)
 
 
 def preinstall_conda(info: Any, prefix: str) -> None:
