@@ -218,7 +218,7 @@ def test_progress_lines_while_it_runs_and_at_the_end(tmp_path: Path) -> None:
     assert lines[-1].startswith("received ")
     for ln in lines:
         if ln.startswith("received "):
-            assert re.fullmatch(r"received \d+ MiB in \d+s \(\d+\.\d MiB/s\)", ln), ln
+            assert re.fullmatch(r"received \d+ MiB in \d+\.\ds \(\d+\.\d MiB/s\)", ln), ln
 
 
 def test_the_pinned_uv_names_a_manylinux_wheel_and_its_sha256_per_arch() -> None:
