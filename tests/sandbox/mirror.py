@@ -17,7 +17,8 @@
   wheels added to their projects (a fake ``torch`` of a higher version), projects it lacks (a
   mirror without uv), projects whose files are altered on the way (under their genuine sha256).
 
-Each wheel's link carries its core metadata's sha256 (PEP 658/714), served at the wheel's URL +
+Each wheel's link carries its core metadata's sha256 (PEP 658, under PEP 714's attribute name),
+served at the wheel's URL +
 ``.metadata``, as PyPI and download.pytorch.org do: a resolver reads a wheel's dependencies
 without downloading the wheel. Files the mirror fetches from the upstream index are kept under
 ``upstream/`` (they never change there), and ``access.log`` has one line per request with the
@@ -229,9 +230,9 @@ class Content:
 def page(title: str, links: list[tuple[str, str]], metadata: dict[str, str] | None = None
          ) -> bytes:
     """A PEP 503 page; ``metadata``: link text -> sha256 of that wheel's core metadata."""
-    def attrs(t: str) -> str:
+    def attrs(t: str) -> str:  # PEP 714's name only: pip 22.3-23.0 mishandle the older one
         m = (metadata or {}).get(t)
-        return f' data-dist-info-metadata="sha256={m}" data-core-metadata="sha256={m}"' if m else ""
+        return f' data-core-metadata="sha256={m}"' if m else ""
     body = "\n".join(f'<a href="{html.escape(h)}"{attrs(t)}>{html.escape(t)}</a><br/>'
                      for t, h in links)
     return (f"<!DOCTYPE html>\n<html><head><meta name=\"pypi:repository-version\" content=\"1.0\">"
