@@ -320,6 +320,8 @@ def cold_bootstrap(profiles: list[str], runs: int) -> dict[str, list[dict[str, A
                 print(f"cold bootstrap, {profile}, round {i + 1}/{runs}: {installer} ...",
                       flush=True)
                 results[profile].append(cold_host(profile, installer, bare=installer == "uv"))
+                # kept as it grows: a failure late in a long run loses nothing measured before
+                (cold_work() / "cold.json").write_text(json.dumps(results, indent=1))
     return results
 
 

@@ -151,12 +151,14 @@ class Content:
                 continue
             absolute = urllib.parse.urljoin(url, html.unescape(href.group(1)))
             file_url, _, frag = absolute.partition("#")
-            ref = f"up/{quote(file_url, safe='')}"
+            name = unquote(file_url.rsplit("/", 1)[-1])
+            # the file's name stays the link's last segment: resolvers (uv) read it from there
+            ref = f"up/{quote(file_url, safe='')}/{quote(name)}"
             if frag.startswith("sha256="):
                 _HASHES[ref] = frag.removeprefix("sha256=")
             meta = re.search(r'data-(?:core|dist-info)-metadata="sha256=([0-9a-f]{64})"', anchor)
             _METADATA[ref] = meta.group(1) if meta else ""
-            out.append((unquote(file_url.rsplit("/", 1)[-1]), ref))
+            out.append((name, ref))
         return out
 
     def upstream_file(self, url: str) -> Path | None:
@@ -227,6 +229,11 @@ class Content:
         return None
 
 
+def upstream_url(ref: str) -> str:
+    """``up/<%-encoded URL>/<name>`` -> the URL."""
+    return unquote(ref.removeprefix("up/").split("/", 1)[0])
+
+
 def page(title: str, links: list[tuple[str, str]], metadata: dict[str, str] | None = None
          ) -> bytes:
     """A PEP 503 page; ``metadata``: link text -> sha256 of that wheel's core metadata."""
@@ -284,7 +291,7 @@ class Handler(SimpleHTTPRequestHandler):
         if ref.startswith("up/"):  # only where the upstream page said it has one
             if not _METADATA.get(ref):
                 return None
-            f = self.content.upstream_file(f"{unquote(ref.removeprefix('up/'))}.metadata")
+            f = self.content.upstream_file(f"{upstream_url(ref)}.metadata")
             return f.read_bytes() if f else None
         f = self.content.local_file(ref) if not ref.startswith("overlay:") else \
             self.content.overlay_wheel(ref)
@@ -308,11 +315,12 @@ class Handler(SimpleHTTPRequestHandler):
                 out[name] = _METADATA[ref]
         return out
 
-    def file_of(self, ref: str) -> Path | None:
-        """A file ref of the index pages (``0/files/x.whl``, ``links/x.whl``, ``up/<url>``)."""
-        if ref.startswith("up/"):
-            return self.content.upstream_file(ref.removeprefix("up/"))
-        return self.content.local_file(ref)
+    def file_of(self, parts: list[str]) -> Path | None:
+        """The file at a ref's path parts, unquoted (``0/files/x.whl``, ``links/x.whl``,
+        ``up/<url>/<name>``)."""
+        if parts[:1] == ["up"] and len(parts) >= 2:
+            return self.content.upstream_file(parts[1])
+        return self.content.local_file("/".join(parts))
 
     def do_HEAD(self) -> None:
         self.do_GET()
@@ -337,7 +345,7 @@ class Handler(SimpleHTTPRequestHandler):
             return self.send_bytes(data, "application/octet-stream") if data \
                 else self.send_error(404)
         if rest[:1] == ["tampered"] and len(rest) >= 2:
-            f = self.file_of("/".join(rest[1:]))
+            f = self.file_of(rest[1:])
             return self.send_bytes(f.read_bytes() + TAMPERED, "application/octet-stream") \
                 if f else self.send_error(404)
         if rest[:1] != ["simple"]:
@@ -382,12 +390,12 @@ class Handler(SimpleHTTPRequestHandler):
                 return self.send_bytes(f.read_bytes() + TAMPERED, "application/octet-stream")
             if parts[:1] == ["files"] and parts[-1].endswith(".metadata"):
                 ref = "/".join(parts[1:]).removesuffix(".metadata")
-                if parts[1] == "up":  # one %-encoded URL segment, as in the page's link
-                    ref = f"up/{quote(ref.removeprefix('up/'), safe='')}"
+                if parts[1] == "up" and len(parts) == 4:  # as in the page's link: %-encoded
+                    ref = f"up/{quote(parts[2], safe='')}/{quote(parts[3].removesuffix('.metadata'))}"
                 data = self.metadata(ref)
                 return self.send_bytes(data, "application/octet-stream") if data \
                     else self.send_error(404)
-            if parts[:2] == ["files", "up"] and len(parts) == 3:
+            if parts[:2] == ["files", "up"] and len(parts) in (3, 4):
                 return self.send_upstream(parts[2])
             if parts[:1] == ["overlay"] and len(parts) >= 3:
                 return self.route_overlay(parts[1], parts[2:])
