@@ -5,8 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Debian/Ubuntu packages the sandbox hosts use: sshd, the distro's Python with venv (stand-ins,
 # test installer), curl (downloads on the hosts), ss (listen check), unshare/nsenter, and
-# chromium (headless: the compare page's chart must render in a real browser).
-SYSTEM_PACKAGES := openssh-server python3-venv curl iproute2 util-linux chromium
+# chromium (headless: the compare page's chart must render in a real browser), rsync (sync's
+# faster transport, on both ends of the sandbox link).
+SYSTEM_PACKAGES := openssh-server python3-venv curl iproute2 util-linux chromium rsync
 
 .PHONY: test lint demo system-deps clean
 
@@ -24,10 +25,12 @@ system-deps:
 	command -v ss >/dev/null || missing="$$missing iproute2"; \
 	command -v nsenter >/dev/null || missing="$$missing util-linux"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  elif [ "$$CI" = true ]; then echo "CI needs:$$missing (install them as root)"; exit 1; \
 	  else echo "sandbox tests will skip: missing$$missing (install them as root)"; fi; \
 	fi
 

@@ -1,9 +1,11 @@
 """So that ``fab -l`` / ``fab -H host bootstrap`` in a checkout find the project's tasks."""
 
 from provision.tasks import (  # noqa: F401
+    autostop,
     bootstrap,
     compare,
     conda_task,
+    cost,
     authorize,
     bench,
     doctor,
@@ -12,13 +14,19 @@ from provision.tasks import (  # noqa: F401
     facts,
     forget_host_key,
     forget_secrets,
+    jobs,
+    kill,
+    logs,
     pick,
     plan,
     refresh_compat,
     repin,
+    run,
+    sync,
     torch_task,
     verify,
     validate,
+    watch,
 )
 
 # `fab -H a,b,c <task>` runs the hosts in parallel with one summary table, like `gpu-provision`:

@@ -1,18 +1,33 @@
-"""How fast is the tool itself over a long link? A benchmark, not a test: it prints figures.
+"""How fast is the tool itself: start-up, the facts script on the host, one host over a long link,
+and many hosts at once over it. A benchmark, not a test: it prints figures.
 
-Over a TCP delay proxy (tests/sandbox/proxy.py) in front of a provisioned CPU-only sandbox host,
-at each round-trip time it takes the median of fresh runs (a new process each, as a user runs
-them) of: bare `ssh host true`; `ssh host 'bash -s' < bench/checks.sh` (the read-only checks a
-re-run needs: the baseline); `gpu-provision facts`; a no-op `gpu-provision bootstrap`; the same
-checks as an Ansible playbook (bench/checks.yml) and as pyinfra facts (bench/checks_pyinfra.py).
-Then no-op bootstraps of 1, 4 and 16 sandbox hosts at once.
+- start-up: `gpu-provision --version`, `-l` and `pick` (no host), from this venv and from the
+  built wheel installed into a fresh venv (as users install it), beside `python -c pass`; the
+  modules that cost most, from `python -X importtime`.
+- facts script: `time bash facts.sh` on sandbox hosts (the script alone: what it costs the host).
+- one link: over a TCP delay proxy (tests/sandbox/proxy.py) in front of a provisioned CPU-only
+  sandbox host, at each round-trip time the median of fresh runs (a new process each, as a user
+  runs them) of: bare `ssh host true`; `ssh host 'bash -s' < bench/checks.sh` (the read-only
+  checks a re-run needs: the baseline); `gpu-provision facts`; a no-op `gpu-provision bootstrap`;
+  the same checks as an Ansible playbook (bench/checks.yml) and as pyinfra facts
+  (bench/checks_pyinfra.py).
+- many hosts: 1, 4 and 16 sandbox hosts, each behind its own delay proxy, `facts` and a no-op
+  `bootstrap` on all of them at once: wall time, and the laptop's CPU seconds per host (user +
+  sys of our process, divided by the hosts).
+
+The jobs section (``--jobs``, or ``--jobs-only`` alone) times `gpu-provision run` (start a job and
+return) against `ssh host true` at each RTT, and the latency of `logs -f`: from the moment a job
+wrote a line (its own clock; the sandbox host is this machine) to the moment the reader printed
+it, median and 95th percentile.
 
 Usage, as root in the checkout after `make test` (ansible-core and pyinfra are the `bench`
 extra; they are installed into .venv when missing):
 
-    .venv/bin/python bench/speed.py [--runs 5] [--rtt 0,50,200] [--hosts 1,4,16] [--write]
+    .venv/bin/python bench/speed.py [--runs 5] [--rtt 0,200] [--hosts 1,4,16] [--many-rtt 200]
+                                    [--only startup,script,links,many,jobs] [--no-others] [--write]
 
---write puts the figures, the machine and the date into bench/RESULTS.md.
+--write adds the figures, the machine and the date to bench/RESULTS.md as a new section above
+the earlier ones (which stay); the prose on targets is written by hand.
 
 The cold bootstrap, alone (it is not part of the run above):
 
@@ -32,12 +47,14 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,22 +72,38 @@ ENV = {**os.environ, "GPU_PROVISION_HOME": str(WORK / "gp-home"), "COLUMNS": "20
        "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_NOCOLOR": "1"}
 SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
             "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
+PICK = ["pick", "--driver", "550.54.14", "--compute-cap", "8.9"]
 
 
-def timed(argv: list[str], stdin: str | None = None, env: dict[str, str] | None = None,
-          ok: tuple[int, ...] = (0,)) -> float:
+def run_timed(argv: list[str], stdin: str | None = None, env: dict[str, str] | None = None,
+              ok: tuple[int, ...] = (0,)) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process and its children: user + sys)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     r = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=WORK,
-                       env=env or ENV, timeout=600)
+                       env=env or ENV, timeout=900)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode not in ok:
         raise SystemExit(f"{' '.join(argv[:4])}... exited {r.returncode}:\n{r.stdout[-1500:]}"
                          f"\n{r.stderr[-1500:]}")
-    return seconds
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return seconds, cpu
 
 
-def median(argv_fn, runs: int, **kw) -> float:  # type: ignore[no-untyped-def]
+def timed(argv: list[str], **kw: Any) -> float:
+    return run_timed(argv, **kw)[0]
+
+
+def median(argv_fn: Callable[[int], list[str]], runs: int, **kw: Any) -> float:
     return statistics.median(timed(argv_fn(i), **kw) for i in range(runs))
+
+
+def medians(argv: list[str], runs: int, **kw: Any) -> dict[str, float]:
+    """Median and min wall seconds and median CPU seconds of ``runs`` fresh runs."""
+    xs = [run_timed(argv, **kw) for _ in range(runs)]
+    return {"wall": statistics.median(x[0] for x in xs), "min": min(x[0] for x in xs),
+            "cpu": statistics.median(x[1] for x in xs)}
 
 
 def ensure_bench_tools() -> None:
@@ -79,6 +112,80 @@ def ensure_bench_tools() -> None:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{ROOT}[bench]"],
                        check=True)
 
+
+# -- start-up -------------------------------------------------------------------------------
+
+def wheel_venv() -> Path:
+    """The built wheel installed into a fresh venv: the program as `pip install` gives it
+    (no editable-install import hook)."""
+    venv = WORK / "wheel-venv"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(WORK / "dist"), str(ROOT)], check=True, cwd=WORK)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    [whl] = (WORK / "dist").glob("gpu_provision-*.whl")
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(whl)], check=True)
+    return venv / "bin"
+
+
+def top_imports(python: str, argv: list[str], n: int = 6) -> list[tuple[str, float]]:
+    """The top-level modules costing most (cumulative ms) in ``python -X importtime``."""
+    r = subprocess.run([python, "-X", "importtime", "-m", "provision", *argv], cwd=WORK,
+                       capture_output=True, text=True, env=ENV)
+    costs: dict[str, float] = {}
+    for line in r.stderr.splitlines():
+        m = re.match(r"import time:\s+\d+ \|\s+(\d+) \| (\S+)$", line)  # not indented: top level
+        if m:
+            costs[m.group(2)] = costs.get(m.group(2), 0) + int(m.group(1)) / 1000
+    return sorted(costs.items(), key=lambda kv: -kv[1])[:n]
+
+
+def startup(runs: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label, bindir in (("wheel venv", wheel_venv()), ("editable (checkout)", BIN)):
+        python, program = str(bindir / "python"), str(bindir / "gpu-provision")
+        out[label] = {
+            "python -c pass": medians([python, "-c", "pass"], runs),
+            "gpu-provision --version": medians([program, "--version"], runs),
+            "gpu-provision -l": medians([program, "-l"], runs),
+            "gpu-provision pick": medians([program, *PICK], runs),
+            "gpu-provision pick --json": medians([program, *PICK, "--json"], runs),
+            "imports of pick": top_imports(python, PICK),
+        }
+    return out
+
+
+# -- the facts script on the host -----------------------------------------------------------
+
+def ssh_argv(info: harness.HostInfo, port: int | None = None, host: str | None = None) -> list[str]:
+    return ["ssh", "-i", info.key, "-p", str(port or info.port), *SSH_OPTS,
+            f"root@{host or info.host}"]
+
+
+def facts_script_alone(infos: list[harness.HostInfo], runs: int) -> dict[str, dict[str, float]]:
+    """`time bash facts.sh` on each host: the script's own wall and CPU seconds there."""
+    from provision.gather import data_dirs, facts_script
+    from provision.recipes import all_platforms
+    platforms = all_platforms()
+    script = facts_script(platforms, data_dirs(platforms))
+    out = {}
+    for info in infos:
+        ssh = ssh_argv(info)
+        subprocess.run([*ssh, "cat > /tmp/facts.sh"], input=script, text=True, check=True)
+        subprocess.run([*ssh, "bash /tmp/facts.sh >/dev/null"], check=True)  # warm caches
+        real, cpu = [], []
+        for _ in range(runs):
+            r = subprocess.run([*ssh, "TIMEFORMAT='%R %U %S'; { time bash /tmp/facts.sh "
+                                      ">/dev/null; } 2>&1"], capture_output=True, text=True,
+                               check=True)
+            wall, user, sys_ = map(float, r.stdout.split()[-3:])
+            real.append(wall)
+            cpu.append(user + sys_)
+        out[info.profile] = {"wall": statistics.median(real), "min": min(real),
+                             "cpu": statistics.median(cpu)}
+    return out
+
+
+# -- one host over a long link --------------------------------------------------------------
 
 def provisioned(info: harness.HostInfo) -> None:
     r = subprocess.run([str(BIN / "gpu-provision"), "-H", info.inventory, "bootstrap"], cwd=WORK,
@@ -98,49 +205,167 @@ def clone_home(src: harness.HostInfo, dst: harness.HostInfo) -> None:
     shutil.rmtree(b / ".gpu-provision" / "logs", ignore_errors=True)
 
 
-def one_link(info: harness.HostInfo, rtt: int, runs: int) -> dict[str, float]:
+def one_link(info: harness.HostInfo, rtt: int, runs: int, others: bool) -> dict[str, dict[str, float]]:
     proxy = TcpProxy((info.host, info.port), delay_ms=rtt)
     try:
         inv = info.inventory_with(WORK / f"via-{rtt}ms.yaml", host="127.0.0.1", port=proxy.port)
-        ssh = ["ssh", "-i", info.key, "-p", str(proxy.port), *SSH_OPTS, "root@127.0.0.1"]
+        ssh = ssh_argv(info, proxy.port, "127.0.0.1")
         checks = (ROOT / "bench" / "checks.sh").read_text()
-        ini = WORK / f"ansible-{rtt}.ini"
-        ini.write_text(f"box ansible_host=127.0.0.1 ansible_port={proxy.port} ansible_user=root "
-                       f"ansible_ssh_private_key_file={info.key} "
-                       "ansible_python_interpreter=/usr/bin/python3\n")
-        pyinv = WORK / f"pyinfra_inv_{rtt}.py"
-        pyinv.write_text(f"hosts = [('127.0.0.1', {{'ssh_port': {proxy.port}, 'ssh_user': 'root', "
-                         f"'ssh_key': {info.key!r}, 'ssh_strict_host_key_checking': 'off', "
-                         "'ssh_known_hosts_file': '/dev/null'})]\n")
         timed([str(BIN / "gpu-provision"), "-H", inv, "facts"])  # pins the key (first use)
         out = {
-            "ssh true": median(lambda i: [*ssh, "true"], runs),
-            "ssh bash -s < checks.sh": median(lambda i: [*ssh, "bash -s"], runs, stdin=checks),
-            "gpu-provision facts": median(
-                lambda i: [str(BIN / "gpu-provision"), "-H", inv, "facts", "--json"], runs),
-            "gpu-provision bootstrap (no-op)": median(
-                lambda i: [str(BIN / "gpu-provision"), "-H", inv, "bootstrap"], runs),
-            "ansible-playbook checks.yml": median(
-                lambda i: [str(BIN / "ansible-playbook"), "-i", str(ini),
-                           str(ROOT / "bench" / "checks.yml")], runs,
-                env={**ENV, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(WORK / f"cp-{rtt}-{time.time()}")}),
-            "pyinfra checks_pyinfra.py": median(
-                lambda i: [str(BIN / "pyinfra"), "-y", str(pyinv),
-                           str(ROOT / "bench" / "checks_pyinfra.py")], runs),
+            "ssh true": medians([*ssh, "true"], runs),
+            "ssh bash -s < checks.sh": medians([*ssh, "bash -s"], runs, stdin=checks),
+            "gpu-provision facts": medians(
+                [str(BIN / "gpu-provision"), "-H", inv, "facts", "--json"], runs),
+            "gpu-provision bootstrap (no-op)": medians(
+                [str(BIN / "gpu-provision"), "-H", inv, "bootstrap"], runs),
         }
+        if others:
+            ini = WORK / f"ansible-{rtt}.ini"
+            ini.write_text(f"box ansible_host=127.0.0.1 ansible_port={proxy.port} "
+                           f"ansible_user=root ansible_ssh_private_key_file={info.key} "
+                           "ansible_python_interpreter=/usr/bin/python3\n")
+            pyinv = WORK / f"pyinfra_inv_{rtt}.py"
+            pyinv.write_text(f"hosts = [('127.0.0.1', {{'ssh_port': {proxy.port}, 'ssh_user': "
+                             f"'root', 'ssh_key': {info.key!r}, 'ssh_strict_host_key_checking': "
+                             "'off', 'ssh_known_hosts_file': '/dev/null'})]\n")
+            out["ansible-playbook checks.yml"] = medians(
+                [str(BIN / "ansible-playbook"), "-i", str(ini), str(ROOT / "bench" / "checks.yml")],
+                runs, env={**ENV, "ANSIBLE_SSH_CONTROL_PATH_DIR": str(WORK / f"cp-{rtt}-{time.time()}")})
+            out["pyinfra checks_pyinfra.py"] = medians(
+                [str(BIN / "pyinfra"), "-y", str(pyinv), str(ROOT / "bench" / "checks_pyinfra.py")],
+                runs)
         return out
     finally:
         proxy.close()
 
 
-def many(infos: list[harness.HostInfo], counts: list[int], runs: int) -> dict[int, dict[str, float]]:
-    out: dict[int, dict[str, float]] = {}
-    for n in counts:
-        hosts = ",".join(i.inventory for i in infos[:n])
-        env = {**ENV, "GPU_PROVISION_PARALLEL": str(n)}
-        out[n] = {task: median(lambda i, h=hosts, t=task: [str(BIN / "gpu-provision"), "-H", h, t],
-                               runs, env=env) for task in ("facts", "bootstrap")}
-    return out
+# -- many hosts over a long link ------------------------------------------------------------
+
+def many(infos: list[harness.HostInfo], counts: list[int], rtt: int,
+         runs: int) -> dict[int, dict[str, dict[str, float]]]:
+    """Each host behind its own delay proxy; every count runs at once (GPU_PROVISION_PARALLEL
+    left at its default)."""
+    proxies = [TcpProxy((i.host, i.port), delay_ms=rtt) for i in infos]
+    try:
+        invs = [i.inventory_with(WORK / f"many-{rtt}-{i.id}.yaml", host="127.0.0.1", port=p.port)
+                for i, p in zip(infos, proxies, strict=True)]
+        timed([str(BIN / "gpu-provision"), "-H", ",".join(invs), "facts", "--json"])  # pins
+        out: dict[int, dict[str, dict[str, float]]] = {}
+        for n in counts:
+            hosts = ",".join(invs[:n])
+            out[n] = {}
+            for task in ("facts", "bootstrap"):
+                row = medians([str(BIN / "gpu-provision"), "-H", hosts, task], runs)
+                row["cpu_per_host"] = row["cpu"] / n
+                out[n][task] = row
+        return out
+    finally:
+        for p in proxies:
+            p.close()
+
+
+# -- report ---------------------------------------------------------------------------------
+
+LINES = ("import sys, time\nfor i in range(int(sys.argv[1])):\n"
+         "    print(f'{time.time():.6f} {i}', flush=True); time.sleep(float(sys.argv[2]))\n")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def logs_latency(inv: str, lines: int = 60, every: float = 0.25) -> list[float]:
+    """Seconds from a line's write on the host to its print by `logs -f` here, for each line."""
+    r = subprocess.run([str(BIN / "gpu-provision"), "-H", inv, "run", "--json", "--", "python",
+                        "-c", LINES, str(lines), str(every)], cwd=WORK, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise SystemExit(f"run failed:\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
+    job = json.loads(r.stdout)["id"]
+    proc = subprocess.Popen([str(BIN / "gpu-provision"), "-H", inv, "logs", job, "-f", "--all"],
+                            cwd=WORK, env=ENV, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    delays = []
+    first = 0.0
+    for line in proc.stdout:
+        at = time.time()
+        first = first or at
+        written, _, i = line.partition(" ")
+        # the lines written before the reader connected come in its first burst: no latency
+        if i.strip().isdigit() and at - first > 0.1:
+            delays.append(at - float(written))
+    proc.wait(timeout=60)
+    return delays
+
+
+def jobs_link(info: harness.HostInfo, rtt: int, runs: int) -> dict[str, float]:
+    proxy = TcpProxy((info.host, info.port), delay_ms=rtt)
+    try:
+        inv = info.inventory_with(WORK / f"jobs-{rtt}ms.yaml", host="127.0.0.1", port=proxy.port)
+        ssh = ["ssh", "-i", info.key, "-p", str(proxy.port), *SSH_OPTS, "root@127.0.0.1"]
+        timed([str(BIN / "gpu-provision"), "-H", inv, "jobs"])  # pins the key (first use)
+        gp = str(BIN / "gpu-provision")
+        argvs = {"ssh true": lambda i: [*ssh, "true"],
+                 "gpu-provision facts": lambda i: [gp, "-H", inv, "facts", "--json"],
+                 "gpu-provision run": lambda i: [gp, "-H", inv, "run", "--name", f"bench{rtt}x{i}",
+                                                 "--", "true"]}
+        # interleaved, so a change in the machine's load weighs on each the same
+        times: dict[str, list[float]] = {k: [] for k in argvs}
+        for i in range(runs):
+            for name, argv in argvs.items():
+                times[name].append(timed(argv(i)))
+        out = {k: statistics.median(v) for k, v in times.items()}
+        delays = logs_latency(inv)
+        out["logs -f median"] = statistics.median(delays)
+        out["logs -f p95"] = percentile(delays, 0.95)
+        out["logs -f lines"] = float(len(delays))
+        return out
+    finally:
+        proxy.close()
+
+
+def jobs_report(links: dict[int, dict[str, float]], runs: int) -> str:
+    rtts = sorted(links)
+    lines = [f"`run` (start a job detached on the host and return; `facts`, one remote execution "
+             f"of the same tool, for comparison): medians of {runs} fresh runs, "
+             "seconds (ratio to `ssh host true`). `logs -f`: seconds from a line written on the "
+             f"host to its print here, over {int(links[rtts[0]]['logs -f lines'])} lines written "
+             "every 0.25 s.", "",
+             "| | " + " | ".join(f"{r} ms RTT" for r in rtts) + " |", "|---|" + "---|" * len(rtts)]
+    for name in ("ssh true", "gpu-provision facts", "gpu-provision run"):
+        lines.append(f"| {name} | " + " | ".join(
+            f"{links[r][name]:.2f} ({links[r][name] / links[r]['ssh true']:.2f}x)" for r in rtts)
+            + " |")
+    for name in ("logs -f median", "logs -f p95"):
+        lines.append(f"| {name.replace('logs -f ', '`logs -f` latency, ')} | " +
+                     " | ".join(f"{links[r][name]:.2f}" for r in rtts) + " |")
+    worst = max(links[r]["gpu-provision run"] / links[r]["ssh true"] for r in rtts)
+    at200 = links.get(200)
+    lines += ["", "| target | result | met |", "|---|---|---|"]
+    if at200:
+        ratio = at200["gpu-provision run"] / at200["ssh true"]
+        lines.append(f"| `run` within 1.5x of `ssh true` at 200 ms RTT | {ratio:.2f}x "
+                     f"(worst over the RTTs measured: {worst:.2f}x) | {'yes' if ratio < 1.5 else 'no'} |")
+    return "\n".join(lines)
+
+
+
+
+def jobs_section(info: harness.HostInfo, rtts: list[int], runs: int) -> str:
+    links = {}
+    loads = [os.getloadavg()[0]]
+    for rtt in rtts:
+        print(f"jobs at {rtt} ms RTT ...", flush=True)
+        links[rtt] = jobs_link(info, rtt, runs)
+        loads.append(os.getloadavg()[0])
+    text = jobs_report(links, runs) + (
+        f"\n\nThe machine's 1-minute load average while this ran: {min(loads):.1f}-{max(loads):.1f} "
+        f"on {os.cpu_count()} cores (the tool's Python start-up slows with it; ssh barely does).")
+    print(text)
+    print(json.dumps({"jobs": links}))
+    return text
 
 
 def machine() -> str:
@@ -148,32 +373,58 @@ def machine() -> str:
                 if ln.startswith("model name")), "?")
     mem = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
                    if ln.startswith("MemTotal"))) / 1048576
-    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Python {sys.version.split()[0]}"
+    load = os.getloadavg()[0]
+    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Python {sys.version.split()[0]}, "
+            f"load average {load:.1f} at the start")
 
 
-def report(links: dict[int, dict[str, float]], par: dict[int, dict[str, float]], runs: int) -> str:
-    rtts = sorted(links)
-    names = list(links[rtts[0]])
-    lines = [f"Medians of {runs} fresh runs, seconds (ratio to `ssh bash -s < checks.sh`).", "",
-             "| | " + " | ".join(f"{r} ms RTT" for r in rtts) + " |",
-             "|---|" + "---|" * len(rtts)]
-    for name in names:
-        cells = [f"{links[r][name]:.2f} ({links[r][name] / links[r]['ssh bash -s < checks.sh']:.2f}x)"
-                 for r in rtts]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Against the others (their time / gpu-provision's no-op bootstrap):", "",
-              "| | " + " | ".join(f"{r} ms" for r in rtts) + " |", "|---|" + "---|" * len(rtts)]
-    for other in ("ansible-playbook checks.yml", "pyinfra checks_pyinfra.py"):
-        lines.append(f"| {other} | " + " | ".join(
-            f"{links[r][other] / links[r]['gpu-provision bootstrap (no-op)']:.1f}x" for r in rtts) + " |")
-    if par:
-        counts = sorted(par)
-        lines += ["", "Several hosts at once (0 ms RTT), wall seconds (ratio to one host):", "",
-                  "| hosts | facts | bootstrap (no-op) |", "|---|---|---|"]
+def report(results: dict[str, Any], runs: int) -> str:
+    lines: list[str] = []
+    if "startup" in results:
+        lines += [f"Start-up, no host (median of {runs} fresh runs; min; CPU user+sys), seconds:", "",
+                  "| command | " + " | ".join(results["startup"]) + " |",
+                  "|---|" + "---|" * len(results["startup"])]
+        names = [k for k in next(iter(results["startup"].values())) if k != "imports of pick"]
+        for name in names:
+            cells = [f"{v[name]['wall']:.3f} (min {v[name]['min']:.3f}; CPU {v[name]['cpu']:.3f})"
+                     for v in results["startup"].values()]
+            lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+        for label, v in results["startup"].items():
+            lines.append("")
+            lines.append(f"Imports of `pick` ({label}, cumulative ms, `-X importtime`): " +
+                         ", ".join(f"{m} {ms:.0f}" for m, ms in v["imports of pick"]))
+        lines.append("")
+    if "script" in results:
+        lines += [f"The facts script alone on the host (`time bash facts.sh`, median of {runs}), "
+                  "seconds:", "", "| host | wall | min | CPU |", "|---|---|---|---|"]
+        for prof, v in results["script"].items():
+            lines.append(f"| {prof} | {v['wall']:.3f} | {v['min']:.3f} | {v['cpu']:.3f} |")
+        lines.append("")
+    if "links" in results:
+        links = results["links"]
+        rtts = sorted(links, key=int)
+        base = "ssh bash -s < checks.sh"
+        lines += [f"One host (median of {runs} fresh runs), seconds (ratio to `{base}`; to "
+                  "`ssh true`; laptop CPU):", "",
+                  "| | " + " | ".join(f"{r} ms RTT" for r in rtts) + " |",
+                  "|---|" + "---|" * len(rtts)]
+        for name in links[rtts[0]]:
+            cells = [f"{links[r][name]['wall']:.2f} ({links[r][name]['wall'] / links[r][base]['wall']:.2f}x; "
+                     f"{links[r][name]['wall'] / links[r]['ssh true']['wall']:.2f}x; "
+                     f"CPU {links[r][name]['cpu']:.2f})" for r in rtts]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if "many" in results:
+        par, rtt = results["many"], results["many_rtt"]
+        counts = sorted(par, key=int)
+        one = par[counts[0]]
+        lines += [f"Several hosts at once at {rtt} ms RTT, each behind its own proxy (median of "
+                  f"{max(1, runs // 2)}), wall seconds (ratio to one host; laptop CPU per host):",
+                  "", "| hosts | facts | bootstrap (no-op) |", "|---|---|---|"]
         for n in counts:
-            lines.append(f"| {n} | {par[n]['facts']:.2f} ({par[n]['facts'] / par[counts[0]]['facts']:.2f}x) "
-                         f"| {par[n]['bootstrap']:.2f} "
-                         f"({par[n]['bootstrap'] / par[counts[0]]['bootstrap']:.2f}x) |")
+            cells = [f"{par[n][t]['wall']:.2f} ({par[n][t]['wall'] / one[t]['wall']:.2f}x; "
+                     f"{par[n][t]['cpu_per_host']:.3f} s/host)" for t in ("facts", "bootstrap")]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -364,61 +615,82 @@ def cold_report(results: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--rtt", default="0,50,200")
+    ap.add_argument("--rtt", default="0,200")
     ap.add_argument("--hosts", default="1,4,16")
-    ap.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
+    ap.add_argument("--many-rtt", type=int, default=200)
+    ap.add_argument("--only", default="startup,script,links,many",
+                    help="sections to measure; jobs (run and logs -f over the delay proxy) is extra")
+    ap.add_argument("--no-others", action="store_true", help="skip Ansible and pyinfra")
+    ap.add_argument("--write", action="store_true", help="add a section to bench/RESULTS.md")
     ap.add_argument("--cold", metavar="PROFILES", help="only the cold bootstrap, pip against uv, "
                     "on these sandbox profiles (cpu-only,h200); --runs rounds each")
     a = ap.parse_args()
-    problem = harness.why_unavailable()
-    if problem:
-        raise SystemExit(f"sandbox hosts unavailable: {problem}")
     if a.cold:
+        problem = harness.why_unavailable()
+        if problem:
+            raise SystemExit(f"sandbox hosts unavailable: {problem}")
         started = time.time()
         cold = cold_bootstrap(a.cold.split(","), a.runs)
-        text = cold_report(cold)
-        print(text)
+        print(cold_report(cold))
         print(json.dumps(cold))
         (cold_work() / "cold.json").write_text(json.dumps(cold, indent=1))
         print(f"cold bootstrap measured in {time.time() - started:.0f} s on {machine()}; "
               f"figures in {cold_work() / 'cold.json'}")
         return
-    ensure_bench_tools()
-    counts = [int(x) for x in a.hosts.split(",") if x]
-    started = time.time()
-    infos = [harness.start("cpu-only")]
-    try:
-        print(f"provisioning the bench host {infos[0].id} ...", flush=True)
-        provisioned(infos[0])
-        links = {}
-        for rtt in (int(x) for x in a.rtt.split(",")):
-            print(f"measuring at {rtt} ms RTT ...", flush=True)
-            links[rtt] = one_link(infos[0], rtt, a.runs)
-        par: dict[int, dict[str, float]] = {}
-        if counts and max(counts) > 1:
-            for _ in range(max(counts) - 1):
-                infos.append(harness.start("cpu-only"))
-                clone_home(infos[0], infos[-1])
-            for info in infos:  # pin every key once, outside the timing
-                timed([str(BIN / "gpu-provision"), "-H", info.inventory, "facts", "--json"])
-            # each clone validates once (a new host: its own boot), so the timed runs are no-ops
-            timed([str(BIN / "gpu-provision"), "-H", ",".join(i.inventory for i in infos),
-                   "bootstrap"], env={**ENV, "GPU_PROVISION_PARALLEL": str(len(infos))})
-            print(f"measuring {counts} hosts at once ...", flush=True)
-            par = many(infos, counts, max(1, a.runs // 2))
-    finally:
-        harness.stop_all()
-    text = report(links, par, a.runs)
+    only = set(a.only.split(","))
+    started, header = time.time(), machine()
+    results: dict[str, Any] = {}
+    if "startup" in only:
+        print("measuring start-up ...", flush=True)
+        results["startup"] = startup(max(a.runs, 10))
+    if only & {"script", "links", "many", "jobs"}:
+        problem = harness.why_unavailable()
+        if problem:
+            raise SystemExit(f"sandbox hosts unavailable: {problem}")
+        if "links" in only and not a.no_others:
+            ensure_bench_tools()
+        counts = [int(x) for x in a.hosts.split(",") if x]
+        infos = [harness.start("cpu-only")]
+        try:
+            if "script" in only:
+                print("measuring the facts script on the hosts ...", flush=True)
+                gpu = harness.start("ubuntu-22.04-rtx4090")
+                results["script"] = facts_script_alone([infos[0], gpu], a.runs)
+                harness.stop(gpu.id)
+            if only & {"links", "many", "jobs"}:
+                print(f"provisioning the bench host {infos[0].id} ...", flush=True)
+                provisioned(infos[0])
+            if "jobs" in only:
+                results["jobs"] = jobs_section(infos[0], [int(x) for x in a.rtt.split(",")], a.runs)
+            if "links" in only:
+                results["links"] = {}
+                for rtt in (int(x) for x in a.rtt.split(",")):
+                    print(f"measuring at {rtt} ms RTT ...", flush=True)
+                    results["links"][rtt] = one_link(infos[0], rtt, a.runs, not a.no_others)
+            if "many" in only and counts:
+                for _ in range(max(counts) - 1):
+                    infos.append(harness.start("cpu-only"))
+                    clone_home(infos[0], infos[-1])
+                # each clone validates once (a new host: its own boot), so the timed runs are no-ops
+                timed([str(BIN / "gpu-provision"), "-H", ",".join(i.inventory for i in infos),
+                       "bootstrap"])
+                print(f"measuring {counts} hosts at once at {a.many_rtt} ms RTT ...", flush=True)
+                results["many"] = many(infos, counts, a.many_rtt, max(1, a.runs // 2))
+                results["many_rtt"] = a.many_rtt
+        finally:
+            harness.stop_all()
+    text = report(results, a.runs) + (f"\n\n### Jobs\n\n{results['jobs']}" if "jobs" in results else "")
     print(text)
-    print(json.dumps({"links": links, "parallel": par}))
+    print(json.dumps(results, default=str))
     if a.write:
-        head = (f"# Speed of gpu-provision\n\nMeasured {time.strftime('%Y-%m-%d')} by "
-                f"`bench/speed.py --runs {a.runs}` in {time.time() - started:.0f} s on {machine()}.\n"
-                "Sandbox hosts are real OpenSSH servers on 127.0.0.x; the round-trip time is added "
-                "by a TCP proxy that holds each chunk for half the RTT in each direction.\n\n")
-        (ROOT / "bench" / "RESULTS.md").write_text(head + text + "\n")
+        args = " ".join(sys.argv[1:])
+        section = (f"\n## {time.strftime('%Y-%m-%d %H:%M')}: `bench/speed.py {args}`\n\n"
+                   f"{time.time() - started:.0f} s on {header}.\n\n{text}\n")
+        path = ROOT / "bench" / "RESULTS.md"
+        intro, sep, earlier = path.read_text().partition("\n## ")  # newest first
+        path.write_text(intro.rstrip("\n") + "\n" + section + (sep + earlier if sep else ""))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ def authorize_key(target: Target, pubkey: str | None, password_env: str | None,
         password = os.environ.get(password_env)
         if password is None:
             raise ProvisionError(f"password_env: ${password_env} is not set in this shell")
+    elif target.password is not None:  # --prompt-for-login-password asked for it already
+        password = target.password
     else:
         password = getpass.getpass(f"password for {target.user}@{target.host}: ")
     conn = connect(by_key, notify=notify, password=password)

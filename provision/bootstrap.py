@@ -132,8 +132,10 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
     run = run_id()
     out = Applied(host=plan.host)
     steps = list(plan.steps)
+    seen: set[str] = set()  # steps already run or passed over: a re-plan does not repeat them
     while steps:
         step = steps.pop(0)
+        seen.add(step.name)
         if only is not None and step.name not in only:
             continue
         if not step.changes:
@@ -146,7 +148,7 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
         _record(out, step.name, outcome, plan.host, store, run)
         if step.settle is not None:
             ex, plan = _settle(ex, plan, step, outcome, out, again, console)
-            steps = [s for s in plan.steps if s.name != step.name]  # it took: the rest, anew
+            steps = [s for s in plan.steps if s.name not in seen]  # it took: the rest, anew
             if step.then is not None:
                 assert plan.facts is not None
                 steps.insert(0, step.then(plan.facts))

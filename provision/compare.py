@@ -33,6 +33,10 @@ class Row:
     cost_per_tflop_hour: float | None
     download_mbs: float | None  # the best mirror
     source: str  # the report file, or where published figures come from
+    link_up_mbs: float | None = None  # this machine -> host (bench, else the last sync up)
+    link_down_mbs: float | None = None  # host -> this machine
+    upload_100gb_h: float | None = None  # hours to send 100 GB at that rate, billed meanwhile
+    upload_100gb_cost: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,7 +88,41 @@ def row(report: Mapping[str, Any], source: str, price: float | None,
         tflops=tflops, tflops_dtype=dtype, samples_s=samples,
         cost_per_m_samples=(price / (samples * 3600) * 1e6) if price and samples else None,
         cost_per_tflop_hour=(price / tflops) if price and tflops else None,
-        download_mbs=max(speeds) if speeds else None, source=source)
+        download_mbs=max(speeds) if speeds else None, source=source,
+        **link_figures(report.get("link") or {}, price))
+
+
+UPLOAD_GB = 100  # the dataset size the upload time and cost are shown for
+
+
+def link_figures(link: Mapping[str, Any], price: float | None) -> dict[str, float | None]:
+    up, down = link.get("up_mbs"), link.get("down_mbs")
+    hours = UPLOAD_GB * 1000 / up / 3600 if up else None
+    return {"link_up_mbs": up, "link_down_mbs": down,
+            "upload_100gb_h": round(hours, 2) if hours else None,
+            "upload_100gb_cost": round(hours * price, 2) if hours and price else None}
+
+
+def upload_text(r: Row) -> str:
+    if r.upload_100gb_h is None:
+        return "-"
+    return f"{r.upload_100gb_h:.1f} h" + (f", {money(r.upload_100gb_cost, r.currency, 2)}"
+                                          if r.upload_100gb_cost is not None else "")
+
+
+def with_sync_links(store: Store, host: str, report: Mapping[str, Any]) -> dict[str, Any]:
+    """``report`` with its link figures, each direction the bench did not measure filled from
+    the host's newest ``sync`` (reports/<host>/link-*.json)."""
+    link = dict(report.get("link") or {})
+    for p in store.reports("link", host):  # oldest first: the newest wins
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        key = f"{rec.get('direction')}_mbs"
+        if key in ("up_mbs", "down_mbs") and rec.get("mbs") and not (report.get("link") or {}).get(key):
+            link[key] = rec["mbs"]
+    return {**report, "link": link} if link else dict(report)
 
 
 def rows(reports: Iterable[tuple[str, Mapping[str, Any]]],
@@ -101,6 +139,15 @@ def rows(reports: Iterable[tuple[str, Mapping[str, Any]]],
 
 def money(value: float | None, currency: str | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f} {currency or ''}".strip()
+
+
+def significant(value: float | None, currency: str | None = None, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant figures (0.00382 USD, 1.48 USD, 12.3 USD)."""
+    if value is None:
+        return "-"
+    exponent = int(f"{value:e}".split("e")[1])
+    decimals = max(0, digits - 1 - exponent)  # whole numbers stay whole: 1235, not 1.23e+03
+    return f"{value:,.{decimals}f} {currency or ''}".strip()
 
 
 def number(value: float | None, unit: str = "", digits: int = 1) -> str:
@@ -123,9 +170,11 @@ def find_reports(store: Store, patterns: Iterable[str] = ()) -> list[tuple[str, 
     out = []
     for p in paths:
         try:
-            out.append((str(p), json.loads(p.read_text())))
+            report = json.loads(p.read_text())
         except ValueError as exc:
             raise ProvisionError(f"{p}: not a readable bench report ({exc})") from None
+        host = report.get("host")
+        out.append((str(p), with_sync_links(store, str(host), report) if host else report))
     return out
 
 

@@ -21,11 +21,11 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .errors import ConfigError, NoWheelError, ProvisionError
+from .yamlspec import fast_load
 
 CudaCompat = Literal["strict", "minor"]
 POLICIES: tuple[str, ...] = ("strict", "minor")
@@ -110,7 +110,7 @@ class CompatData:
 
 
 def _load(text: str, path: str) -> CompatData:
-    raw: Any = yaml.safe_load(text)
+    raw: Any = fast_load(text)  # libyaml where there is one: start-up
     try:
         arch_lists = {k: tuple(parse_compute_cap(c) for c in v) for k, v in raw["arch_lists"].items()}
         releases = []
@@ -185,7 +185,18 @@ class TorchChoice:
         """What ``torch.version.cuda`` reports for this build ("13.0"; None for cpu)."""
         if self.cuda == "cpu":
             return None
-        return ".".join(map(str, load_compat().variant_cuda[self.cuda][:2]))
+        known = load_compat().variant_cuda.get(self.cuda)
+        if known is not None:
+            return ".".join(map(str, known[:2]))
+        digits = self.cuda.removeprefix("cu")  # cu122 -> 12.2, cu92 -> 9.2
+        return f"{digits[:-1]}.{digits[-1]}" if digits.isdigit() and len(digits) > 1 else None
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        """``torch==X`` and its companions (those it names) as pip requirements."""
+        return tuple(f"{name}=={ver}" for name, ver in (
+            ("torch", self.torch), ("torchvision", self.torchvision),
+            ("torchaudio", self.torchaudio)) if ver)
 
 
 def torch_spec(spec: str | None) -> SpecifierSet:
@@ -244,6 +255,26 @@ def choose_torch(
     >>> choose_torch(driver="550.54.14", compute_caps=["8.9"], python="3.10").label
     'torch 2.7.1+cu118'
     """
+    return torch_candidates(driver, compute_caps, python, torch, cuda_compat, glibc, driver_cuda,
+                            arch, index, data)[0]
+
+
+def torch_candidates(
+    driver: str | None = None,
+    compute_caps: Iterable[str | tuple[int, int]] = (),
+    python: str = "3.11",
+    torch: str | None = None,
+    cuda_compat: str = "strict",
+    glibc: str | None = None,
+    driver_cuda: str | None = None,
+    arch: str = "x86_64",
+    index: str | None = None,
+    data: CompatData | None = None,
+) -> tuple[TorchChoice, ...]:
+    """Every (release, variant) the rule allows, best first: the newest release, within it the
+    highest CUDA, then the next release. The first is ``choose_torch``'s answer; the rest are
+    what a mirror that lags behind the data may still serve. Same arguments and errors as
+    ``choose_torch``."""
     d = data or load_compat()
     if cuda_compat not in POLICIES:
         raise ProvisionError(f"cuda_compat must be one of {', '.join(POLICIES)}, not {cuda_compat!r}")
@@ -270,12 +301,13 @@ def choose_torch(
                            f"known: {d.releases[-1].version} .. {d.releases[0].version}")
 
     if not caps:
-        for rel in releases:
-            if fits_host(rel, "cpu"):
-                reasons.append(f"no NVIDIA GPU -> the CPU build; python {python} -> "
-                               f"torch {rel.version} (newest{' matching ' + torch if torch else ''})")
-                return _choice(rel, "cpu", base, reasons)
-        raise NoWheelError(_no_cpu_message(releases, python, glibc))
+        cpu = [rel for rel in releases if fits_host(rel, "cpu")]
+        if not cpu:
+            raise NoWheelError(_no_cpu_message(releases, python, glibc))
+        return tuple(_choice(rel, "cpu", base, [
+            f"no NVIDIA GPU -> the CPU build; python {python} -> torch {rel.version} "
+            f"({'newest' if i == 0 else 'next'}{' matching ' + torch if torch else ''})"])
+            for i, rel in enumerate(cpu))
 
     if drv is None:
         raise NoWheelError(
@@ -296,22 +328,24 @@ def choose_torch(
             return True
         return policy == "minor" and drv >= dotted(d.minor_floor(variant))
 
+    out: list[TorchChoice] = []
     for rel in releases:
         survivors = [v for v in rel.variants
                      if fits_host(rel, v) and driver_allows(v, cuda_compat)
                      and all(_covers(rel.variants[v], c) for c in caps)]
-        if survivors:
-            best = max(survivors, key=lambda v: d.variant_cuda[v])
-            reasons.append(f"python {python} -> torch {rel.version}+{best} "
-                           f"(newest release with kernels for every GPU within the driver's CUDA"
-                           f"{'; spec ' + torch if torch else ''}) from {base}/{best}/")
+        for best in sorted(survivors, key=lambda v: d.variant_cuda[v], reverse=True):
+            why = ("newest release with kernels for every GPU within the driver's CUDA" if not out
+                   else "next allowed")
             risks: tuple[str, ...] = ()
             if max_cuda is None or d.variant_cuda[best][:2] > max_cuda:
                 risks = (MINOR_RISK.format(variant=best, driver=driver,
                                            native=d.native_driver(best),
                                            cuda=_ver(d.variant_cuda[best])),)
-            return _choice(rel, best, base, reasons, risks)
-
+            out.append(_choice(rel, best, base, [
+                *reasons, f"python {python} -> torch {rel.version}+{best} ({why}"
+                          f"{'; spec ' + torch if torch else ''}) from {base}/{best}/"], risks))
+    if out:
+        return tuple(out)
     assert driver is not None  # drv was parsed from it
     raise NoWheelError(_nearest_fixes(d, releases, caps, driver, py, libc, cuda_compat, python,
                                       torch))
@@ -402,3 +436,123 @@ def _nearest_fixes(d: CompatData, releases: list[Release], caps: list[tuple[int,
             fixes.append(f"glibc >= {_ver(min(r.glibc_for(v) for r, v in arch_ok))} (a newer distro) "
                          f"is needed: glibc {_ver(libc)} is too old for every matching wheel")
     return f"no torch wheel fits driver {driver} with {gpus} and python {python}: " + "; ".join(fixes)
+
+
+def build_variant(version: str, torch_cuda: str | None) -> str:
+    """The variant an installed torch was built as: ``2.1.0+cu121`` -> ``cu121``; a PyPI-named
+    CUDA build (``2.5.1`` reporting CUDA 12.4) or a conda one -> ``cu124``; no CUDA -> ``cpu``."""
+    m = re.match(r"(cu\d+|cpu)\b", version.partition("+")[2])
+    if m:
+        return m.group(1)
+    if torch_cuda:
+        return "cu" + "".join(torch_cuda.split(".")[:2])
+    return "cpu"
+
+
+def installed_choice(version: str, torch_cuda: str | None, index: str | None = None,
+                     reason: str = "") -> TorchChoice:
+    """An installed torch as a TorchChoice (what validation and verify then expect)."""
+    variant = build_variant(version, torch_cuda)
+    base = (index or load_compat().default_index).rstrip("/")
+    return TorchChoice(torch=version.partition("+")[0], torchvision=None, torchaudio=None,
+                       cuda=variant, index_url=f"{base}/{variant}/",
+                       reasons=(reason,) if reason else ())
+
+
+def short_gpu_name(name: str) -> str:
+    """``NVIDIA GeForce RTX 5090`` -> ``RTX 5090``, ``NVIDIA H100 80GB HBM3`` -> ``H100 80GB HBM3``."""
+    return re.sub(r"^(?:NVIDIA\s+)?(?:GeForce\s+)?", "", name.strip()) or name
+
+
+@dataclass(frozen=True)
+class BuildCheck:
+    """The wheel rule applied to a torch that is already installed."""
+
+    ok: bool
+    reason: str  # why it fails, or what it was checked against
+
+
+def check_installed(version: str, torch_cuda: str | None, driver: str | None,
+                    driver_cuda: str | None, gpus: Sequence[tuple[str, str]],
+                    cuda_compat: str = "strict", data: CompatData | None = None) -> BuildCheck:
+    """Is an installed torch (``torch.__version__`` and ``torch.version.cuda``) one the rule
+    would accept here? On a GPU host it must be a CUDA build, its CUDA within the driver's, with
+    kernels for every GPU (``gpus``: (name, compute capability) per GPU) by the shipped arch
+    list of its release and variant. A release the data does not have is judged by the arch
+    list of the nearest release with that variant, and says so; a variant the data does not
+    have cannot be judged and fails. Without a GPU every build runs.
+
+    >>> check_installed("2.1.0+cu121", "12.1", "570.26", "12.8", [("NVIDIA GeForce RTX 5090", "12.0")]).reason
+    'torch 2.1.0+cu121 has no sm_120 kernels; RTX 5090 needs cu128 or later'
+    """
+    d = data or load_compat()
+    label = f"torch {version}" if "+" in version or torch_cuda is None else \
+        f"torch {version} (CUDA {torch_cuda})"
+    if not gpus:
+        return BuildCheck(True, "no NVIDIA GPU: any build runs")
+    names = _gpu_names([n for n, _ in gpus])
+    variant = build_variant(version, torch_cuda)
+    if variant == "cpu" or torch_cuda is None:
+        return BuildCheck(False, f"{label} is a CPU build; {names} need{'s' if len(gpus) == 1 else ''}"
+                                 " a CUDA build")
+    if driver is None:
+        return BuildCheck(True, "judged again once the driver answers")
+    try:
+        caps = sorted({parse_compute_cap(cc) for _, cc in gpus if cc})  # "": model unknown
+        cuda = dotted(torch_cuda)[:2]
+        drv = dotted(driver)
+        max_cuda = dotted(driver_cuda)[:2] if driver_cuda else d.max_cuda_for_driver(drv)
+    except ValueError as exc:
+        return BuildCheck(False, f"{label} cannot be checked: {exc}")
+    if max_cuda is None or cuda > max_cuda[:2]:
+        family = str(cuda[0]) if cuda[0] >= 11 else None
+        floor = d.mvc_floor.get(".".join(map(str, cuda))) or (d.mvc_floor.get(family)
+                                                                if family else None)
+        if not (cuda_compat == "minor" and floor is not None and drv >= dotted(floor)):
+            have = _ver(max_cuda) if max_cuda else "(none)"
+            return BuildCheck(False, f"{label} needs CUDA {torch_cuda}; driver {driver} supports "
+                                     f"CUDA <= {have}")
+    try:
+        release = Version(version.partition("+")[0])
+    except InvalidVersion:
+        return BuildCheck(False, f"{label} cannot be checked: unreadable version")
+    arches, note = _arches_of(d, release, variant)
+    if arches is None:
+        span = f"{d.releases[-1].version} .. {d.releases[0].version}"
+        return BuildCheck(False, f"{label} is not in gpu-provision's compatibility data ({span}): "
+                                 f"its kernels for {', '.join(cc_text(c) for c in caps)} cannot be "
+                                 "checked")
+    for cc in caps:
+        if not _covers(arches, cc):
+            holders = [n for n, c in gpus if c and parse_compute_cap(c) == cc]
+            first = first_build_with(cc)
+            need = f"{first[1]} or later" if first else "a build no official wheel has"
+            return BuildCheck(False, f"{label} has no {cc_text(cc)} kernels{note}; "
+                                     f"{_gpu_names(holders)} need{'s' if len(holders) == 1 else ''} "
+                                     f"{need}")
+    return BuildCheck(True, f"CUDA {torch_cuda} within the driver's, kernels for "
+                            f"{', '.join(cc_text(c) for c in caps)}{note}")
+
+
+def _gpu_names(names: Sequence[str]) -> str:
+    """``2x RTX 3090``, ``RTX 3090, GTX 960``: each model once, with its count."""
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[short_gpu_name(n)] = counts.get(short_gpu_name(n), 0) + 1
+    return ", ".join(f"{c}x {n}" if c > 1 else n for n, c in counts.items())
+
+
+def _arches_of(d: CompatData, release: Version, variant: str
+               ) -> tuple[tuple[tuple[int, int], ...] | None, str]:
+    """The arch list of (release, variant), else the nearest release's with that variant."""
+    for rel in d.releases:
+        if rel.version == release and variant in rel.variants:
+            return rel.variants[variant], ""
+    with_variant = [r for r in d.releases if variant in r.variants]
+    if not with_variant:
+        return None, ""
+    nearest = min(with_variant, key=lambda r: (abs(r.version.major - release.major) * 1000
+                                               + abs(r.version.minor - release.minor),
+                                               -r.version.micro))
+    return nearest.variants[variant], (f" (not in the data: judged by torch {nearest.version}+"
+                                       f"{variant}'s arch list)")

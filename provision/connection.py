@@ -10,6 +10,7 @@ IP met through a new inventory file is a new pin, and a reused IP:port is caught
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 import tempfile
@@ -27,10 +28,21 @@ from .errors import SSHError
 from .inventory import Target
 from .paths import state_dir
 
-CONNECT_TIMEOUT = int(os.environ.get("GPU_PROVISION_CONNECT_TIMEOUT", "15"))
-
 AUTH_REFUSED, HOST_KEY_CHANGED, REFUSED = "auth refused", "host key changed", "connection refused"
 TIMEOUT, NOT_RESOLVED, SSH_FAILED = "timeout", "name not resolved", "ssh failed"
+NO_KEY = "no usable key"
+DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa", "~/.ssh/id_dsa")
+
+
+# paramiko logs a failed handshake from its transport thread ("Exception (client): Error
+# reading SSH protocol banner"); with no handler Python prints it to stderr, around our own line
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+def default_timeout() -> int:
+    """Seconds to wait for the SSH handshake: ``-t``, else ``$GPU_PROVISION_CONNECT_TIMEOUT``,
+    else 15."""
+    return int(os.environ.get("GPU_PROVISION_CONNECT_TIMEOUT") or 15)
 
 
 def known_hosts_path() -> Path:
@@ -101,25 +113,64 @@ def fingerprint(key: paramiko.PKey) -> str:
     return f"{key.get_name()} {key.fingerprint}"
 
 
+def host_arg(target: Target) -> str:
+    """What to pass to ``-H`` to reach ``target`` again."""
+    return target.name if target.source else f"{target.user}@{target.host}:{target.port}"
+
+
 def repin_command(target: Target) -> str:
-    host = target.name if target.source else f"{target.user}@{target.host}:{target.port}"
-    return f"gpu-provision -H {host} repin"
+    return f"gpu-provision -H {host_arg(target)} repin"
+
+
+def _agent_has_keys() -> bool:
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        return False
+    try:
+        return bool(paramiko.Agent().get_keys())
+    except (paramiko.SSHException, OSError):
+        return False
+
+
+def check_credentials(target: Target, password: str | None = None) -> None:
+    """Before any connection (and so before a host key is pinned for a login that cannot work):
+    a key file named must exist, and there must be something to log in with."""
+    if target.key and not Path(os.path.expanduser(target.key)).is_file():
+        where = f"`key:` in {target.source}" if target.source else "-i"
+        raise SSHError(target.name, NO_KEY, f"the key file {target.key} ({where}) does not "
+                       "exist: pass -i KEY with your private key")
+    if password or target.password or target.password_env or target.key:
+        return
+    if any(Path(os.path.expanduser(k)).is_file() for k in DEFAULT_KEYS) or _agent_has_keys():
+        return
+    raise SSHError(target.name, NO_KEY, "no -i KEY, no `key:` in the inventory, no ssh-agent key "
+                   f"and none of {', '.join(DEFAULT_KEYS)}: pass -i KEY, or make one "
+                   "(ssh-keygen -t ed25519) and install it with the host's password once: "
+                   f"gpu-provision -H {host_arg(target)} authorize")
 
 
 def connect(target: Target, notify: Callable[[str], None] | None = None,
-            replace_key: bool = False, timeout: int = CONNECT_TIMEOUT,
+            replace_key: bool = False, timeout: int | None = None,
             password: str | None = None, key_only: bool = False) -> Connection:
     """Open a connection to ``target``; failures become SSHError with a named kind.
 
     ``password``: log in with it alone (no keys, no agent). ``key_only``: only ``target.key``.
+    Otherwise keys are tried first, then ``target.password`` (``--prompt-for-login-password``)
+    or the inventory's ``password_env``. ``timeout``: else ``target.connect_timeout`` (``-t``),
+    else ``default_timeout()``.
     """
+    timeout = timeout or target.connect_timeout or default_timeout()
+    check_credentials(target, password)
     others = password is None and not key_only  # the agent and ~/.ssh/id_* may be tried
     kwargs: dict[str, object] = {"allow_agent": others, "look_for_keys": others,
                                  "banner_timeout": timeout, "auth_timeout": timeout}
     if target.key and password is None:
         kwargs["key_filename"] = [os.path.expanduser(target.key)]
+    if target.passphrase:
+        kwargs["passphrase"] = target.passphrase
     if password is not None:
         kwargs["password"] = password
+    elif target.password is not None and not key_only:
+        kwargs["password"] = target.password
     elif target.password_env and not key_only:
         password = os.environ.get(target.password_env)
         if password is None:
@@ -136,11 +187,25 @@ def connect(target: Target, notify: Callable[[str], None] | None = None,
         conn.open()
     except BaseException as exc:
         conn.close()
-        raise classify(target, exc, time.monotonic() - started >= timeout * 0.9) from None
+        raise classify(target, exc, time.monotonic() - started >= timeout * 0.9,
+                       timeout=timeout, tried=_tried(kwargs)) from None
     return conn
 
 
-def classify(target: Target, exc: BaseException, timed_out: bool = False) -> BaseException:
+def _tried(kwargs: dict[str, object]) -> str:
+    """What this login offered the server, for the auth-refused message."""
+    what = []
+    if kwargs.get("key_filename"):
+        what.append(f"key {', '.join(map(str, kwargs['key_filename']))}")  # type: ignore[call-overload]
+    if kwargs.get("allow_agent") or kwargs.get("look_for_keys"):
+        what.append("the agent's and ~/.ssh/id_* keys")
+    if kwargs.get("password") is not None:
+        what.append("the password")
+    return " and ".join(what) or "nothing"
+
+
+def classify(target: Target, exc: BaseException, timed_out: bool = False,
+             timeout: int | None = None, tried: str = "our key/password") -> BaseException:
     """Turn a paramiko/socket exception into a one-line SSHError.
 
     ``timed_out``: the attempt used up the connect timeout (a server that accepts TCP but never
@@ -154,15 +219,24 @@ def classify(target: Target, exc: BaseException, timed_out: bool = False) -> Bas
                         "and ports are reused: this may be a new machine (or someone in the "
                         "middle). If you expect a new machine, re-pin with: "
                         f"{repin_command(target)}")
-    if isinstance(exc, paramiko.AuthenticationException):
-        return SSHError(name, AUTH_REFUSED, f"{target.user}@{target.host} refused our key/password "
-                        "(check `key:` or `password_env:` in the inventory, or run `authorize`)")
+    if isinstance(exc, paramiko.AuthenticationException) or (
+            isinstance(exc, paramiko.SSHException) and "No authentication methods" in str(exc)):
+        return SSHError(name, AUTH_REFUSED, f"{target.user}@{target.host} refused {tried}: pass "
+                        "the right key with -i KEY (or fix `key:`/`password_env:` in the "
+                        "inventory), or install your key with the password once: "
+                        f"gpu-provision -H {host_arg(target)} authorize")
     if isinstance(exc, socket.gaierror):
+        from .validators import NAME_RE
+        if target.source is None and "." not in target.host and NAME_RE.match(target.host):
+            from .inventory import where_looked
+            return SSHError(name, NOT_RESOLVED, f"{where_looked(target.host)}, and no host "
+                            f"{target.host!r} resolves")
         return SSHError(name, NOT_RESOLVED, f"cannot resolve {target.host!r}")
     if isinstance(exc, (socket.timeout, TimeoutError)) or (
             isinstance(exc, paramiko.SSHException) and ("banner" in str(exc) or timed_out)):
         return SSHError(name, TIMEOUT, f"no answer from {target.host}:{target.port} within "
-                        f"{CONNECT_TIMEOUT}s (host down, wrong port, or a firewall)")
+                        f"{timeout or default_timeout()}s (host down, wrong port, or a "
+                        "firewall; -t SECONDS waits longer)")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or \
             isinstance(exc, ConnectionRefusedError):
         return SSHError(name, REFUSED, f"{target.host}:{target.port} refused the connection "

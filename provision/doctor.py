@@ -21,6 +21,7 @@ import yaml
 
 from .compat import cc_text, dotted, first_build_with, load_compat, parse_compute_cap
 from .errors import ConfigError, ProvisionError
+from .facts.fabric import fabric_ready, fabric_summary
 from .facts.host import HostFacts
 from .paths import Traversable, data_file
 
@@ -116,7 +117,32 @@ def _nvcc_differs(f: HostFacts) -> dict[str, str] | None:
     return {"nvcc": f.nvcc, "driver_cuda": f.driver_cuda}
 
 
+def _fabric_manager_down(f: HostFacts) -> dict[str, str] | None:
+    """An NVSwitch board whose fabric manager is missing, stopped or not the driver's version
+    (in a container, where it is the provider's: whose fabric is not up)."""
+    if not f.nvswitches:
+        return None
+    fm, summary = f.fabric_manager, fabric_summary(f.fabric)
+    if f.virtualization.kind == "container":
+        state = f"the fabric is not up ({summary})" if fabric_ready(f.fabric) is False else None
+    elif fm is None or fm.version is None:
+        state = "nvidia-fabricmanager is not installed"
+    elif f.driver and fm.version != f.driver:
+        state = f"nvidia-fabricmanager is {fm.version}, not the driver's {f.driver}"
+    elif not fm.running:
+        state = f"nvidia-fabricmanager {fm.version} is {fm.active or 'not running'}"
+    elif fabric_ready(f.fabric) is False:
+        state = f"nvidia-fabricmanager runs but the fabric is not up ({summary})"
+    else:
+        state = None
+    if state is None:
+        return None
+    return {"switches": f"{len(f.nvswitches)} NVSwitches on the PCI bus",
+            "fm_state": state + (f"; {summary}" if summary and summary not in state else "")}
+
+
 CHECKS: dict[str, Check] = {
+    "fabric_manager_down": _fabric_manager_down,
     "nouveau_loaded": lambda f: {} if f.nouveau_loaded else None,
     "secure_boot": lambda f: {} if f.secure_boot else None,
     "no_module_for_kernel": lambda f: {"kernel": f.kernel}
@@ -510,6 +536,7 @@ def _forward_compat(values: Mapping[str, str], facts: HostFacts | None, plan: Pl
 _SPECIFICS: dict[str, Specific] = {
     "fabric-manager-version": _fabric_manager,
     "fabric-manager-not-running": _fabric_manager,
+    "fabric-manager-down": _fabric_manager,
     "gpu-ecc-error": _ecc,
     "gpu-fallen-off-bus": _fallen,
     "cuda-oom": _gpu_holders,

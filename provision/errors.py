@@ -9,6 +9,12 @@ class ProvisionError(Exception):
     exit_code = 1
 
 
+class UsageError(ProvisionError):
+    """The command line cannot work: an unknown task or option, a bad value, a missing ``-H``."""
+
+    exit_code = 2
+
+
 class ConfigError(ProvisionError):
     """A YAML file (inventory, recipe, platform, compat data) is missing, malformed or invalid.
 
@@ -16,7 +22,7 @@ class ConfigError(ProvisionError):
     """
 
     def __init__(self, path: str, message: str, key: str | None = None, line: int | None = None):
-        self.path, self.key, self.line = path, key, line
+        self.path, self.key, self.line, self.problem = path, key, line, message
         where = path + (f":{line}" if line else "")
         super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
 

@@ -49,6 +49,25 @@ class Transferred:
     seconds: float
 
 
+def remote_part(target: str) -> str:
+    """Where an upload to ``target`` lands until it is checked: ``.NAME.part`` beside it."""
+    return posixpath.join(posixpath.dirname(target), f".{posixpath.basename(target)}.part")
+
+
+def local_part(local: Path) -> Path:
+    """Where a download to ``local`` lands until it is checked: ``.NAME.part`` beside it."""
+    return local.with_name(f".{local.name}.part")
+
+
+class _Whole(io.StringIO):
+    """stdin for a remote command, handed over in one piece: Invoke reads a stream that is not a
+    terminal one character per 10 ms (``bytes_to_read`` is 1, ``input_sleep`` 0.01 s), which
+    makes a few kilobytes of input take seconds."""
+
+    def read(self, size: int | None = -1) -> str:
+        return super().read()
+
+
 class _Lines:
     """A write()-able stream that hands complete lines to a callback."""
 
@@ -129,7 +148,7 @@ class Executor:
         with _interruptible(self.conn) as interrupted:
             try:
                 r = self.conn.run(command.render(), warn=True, timeout=timeout,
-                                  in_stream=io.StringIO(stdin) if stdin is not None else False,
+                                  in_stream=_Whole(stdin) if stdin is not None else False,
                                   **streams)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 if not interrupted:
@@ -188,32 +207,50 @@ class Executor:
         """Upload ``local`` to ``remote`` (a file path on the host): resumed, checked, atomic."""
         started = time.monotonic()
         target = self.remote_path(remote)
-        part = posixpath.join(posixpath.dirname(target), f".{posixpath.basename(target)}.part")
+        part = remote_part(target)
         size, digest = local.stat().st_size, _sha256(local)
+        sftp = self._sftp(f"the upload of {local}")
+        resumed = self.put_part(local, target, progress, step)
+        try:
+            got = self.remote_sha256(part, step)
+            if got != digest and resumed:  # the bytes that were there did not belong to this file
+                resumed = self.put_part(local, target, progress, step, resume=False)
+                got = self.remote_sha256(part, step)
+            if got != digest:
+                raise RemoteError(self.host, step, 1, f"{target}: sha256 {got} after upload, "
+                                  f"{digest} here", fix="the disk on the host may be full "
+                                  "or failing; run it again")
+            sftp.posix_rename(part, target)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise self._transfer_error(exc, target, f"the upload of {local}", step) from None
+        return Transferred(target, size, digest, resumed, time.monotonic() - started)
+
+    def put_part(self, local: Path, target: str, progress: Progress | None = None,
+                 step: str = "transfer", resume: bool = True) -> int:
+        """Upload ``local`` to the temporary name beside ``target`` (an absolute path on the
+        host; see ``remote_part``), continuing from the bytes an earlier, cut upload left there.
+        Returns those bytes. The caller checks the part and renames it into place (``put`` does
+        both for one file; a folder sync checks all its parts in one remote execution)."""
+        part = remote_part(target)
+        size = local.stat().st_size
         sftp = self._sftp(f"the upload of {local}")
         try:
             try:
-                have = sftp.stat(part).st_size or 0
+                have = (sftp.stat(part).st_size or 0) if resume else 0
             except FileNotFoundError:
                 have = 0
-            resumed = have if 0 < have <= size else 0
-            for attempt in (resumed, 0):
-                self._send(sftp, local, part, attempt, size, progress)
-                got = self.remote_sha256(part, step)
-                if got == digest:
-                    break
-                if attempt == 0:
-                    raise RemoteError(self.host, step, 1, f"{target}: sha256 {got} after upload, "
-                                      f"{digest} here", fix="the disk on the host may be full "
-                                      "or failing; run it again")
-                resumed = 0  # the bytes that were there did not belong to this file
-            sftp.posix_rename(part, target)
+            offset = have if 0 < have <= size else 0
+            self._send(sftp, local, part, offset, size, progress)
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            if isinstance(exc, (FileNotFoundError, PermissionError)):
-                raise RemoteError(self.host, step, 1, f"{target}: {exc}",
-                                  fix="check that the folder exists and is writable") from None
-            raise self.lost(f"the upload of {local}", exc) from None
-        return Transferred(target, size, digest, resumed, time.monotonic() - started)
+            raise self._transfer_error(exc, target, f"the upload of {local}", step) from None
+        return offset
+
+    def _transfer_error(self, exc: BaseException, path: str, what: str,
+                        step: str) -> BaseException:
+        if isinstance(exc, (FileNotFoundError, PermissionError)):
+            return RemoteError(self.host, step, 1, f"{path}: {exc}",
+                               fix="check that the folder exists and is writable")
+        return self.lost(what, exc)
 
     def _send(self, sftp: paramiko.SFTPClient, local: Path, part: str, offset: int, size: int,
               progress: Progress | None) -> None:
@@ -233,31 +270,44 @@ class Executor:
         """Download ``remote`` to ``local``: resumed, checked, atomic (see ``put``)."""
         started = time.monotonic()
         source = self.remote_path(remote)
-        part = local.with_name(f".{local.name}.part")
+        part = local_part(local)
         sftp = self._sftp(f"the download of {source}")
         try:
             attrs = sftp.stat(source)
-            if attrs.st_mode is not None and stat.S_ISDIR(attrs.st_mode):
-                raise RemoteError(self.host, step, 1, f"{source} is a folder, not a file")
-            size = attrs.st_size or 0
-            digest = self.remote_sha256(source, step)
-            have = part.stat().st_size if part.exists() else 0
-            resumed = have if 0 < have <= size else 0
-            for attempt in (resumed, 0):
-                self._receive(sftp, source, part, attempt, size, progress)
-                if _sha256(part) == digest:
-                    break
-                if attempt == 0:
-                    raise RemoteError(self.host, step, 1, f"{source}: sha256 here differs from "
-                                      f"the host's {digest}", fix="the file may have changed "
-                                      "while it was read; run it again")
-                resumed = 0
         except FileNotFoundError:
             raise RemoteError(self.host, step, 1, f"{source}: no such file on the host") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise self.lost(f"the download of {source}", exc) from None
+        if attrs.st_mode is not None and stat.S_ISDIR(attrs.st_mode):
+            raise RemoteError(self.host, step, 1, f"{source} is a folder, not a file")
+        size = attrs.st_size or 0
+        digest = self.remote_sha256(source, step)
+        resumed = self.get_part(source, local, size, progress, step)
+        if _sha256(part) != digest and resumed:
+            resumed = self.get_part(source, local, size, progress, step, resume=False)
+        if _sha256(part) != digest:
+            raise RemoteError(self.host, step, 1, f"{source}: sha256 here differs from "
+                              f"the host's {digest}", fix="the file may have changed "
+                              "while it was read; run it again")
         part.replace(local)
         return Transferred(str(local), size, digest, resumed, time.monotonic() - started)
+
+    def get_part(self, source: str, local: Path, size: int, progress: Progress | None = None,
+                 step: str = "transfer", resume: bool = True) -> int:
+        """Download ``source`` (an absolute path on the host, ``size`` bytes) to the temporary
+        name beside ``local`` (see ``local_part``), continuing from the bytes an earlier, cut
+        download left there. Returns those bytes; the caller checks and renames."""
+        part = local_part(local)
+        have = part.stat().st_size if resume and part.exists() else 0
+        offset = have if 0 < have <= size else 0
+        sftp = self._sftp(f"the download of {source}")
+        try:
+            self._receive(sftp, source, part, offset, size, progress)
+        except FileNotFoundError:
+            raise RemoteError(self.host, step, 1, f"{source}: no such file on the host") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise self.lost(f"the download of {source}", exc) from None
+        return offset
 
     def _receive(self, sftp: paramiko.SFTPClient, source: str, part: Path, offset: int,
                  size: int, progress: Progress | None) -> None:

@@ -1,21 +1,24 @@
-"""Gather facts: render the facts script, run it once, parse the JSON."""
+"""Gather facts: render the facts script, run it once, parse the JSON.
+
+The script is rendered (and the parsers imported) by ``Ahead`` in a thread while the connection
+is set up: on a long link the SSH handshake leaves the laptop's CPU idle for several round trips.
+"""
 
 from __future__ import annotations
 
 import json
+import threading
 from typing import TYPE_CHECKING
 
 from .command import bash_script
 from .errors import RemoteError
-from .facts.host import HostFacts, parse_facts
-from .facts.nvidia import QUERY_FIELDS
 from .facts.platform import PlatformMarkers
 from .inventory import Target
-from .recipes import Platform, all_platforms
-from .templating import render
 
 if TYPE_CHECKING:  # the facts script renders where Fabric is not installed (bench/device_check.sh)
     from .executor import Executor
+    from .facts.host import HostFacts
+    from .recipes import Platform
 
 JOURNAL_DIR = ".gpu-provision"  # under the remote $HOME: steps/<step>.json, logs/, locks/
 CONDA_PREFIXES = ("/root/miniconda3", "/root/anaconda3", "/opt/conda", "/opt/miniconda3")
@@ -36,6 +39,8 @@ def data_dirs(platforms: tuple[Platform, ...], target: Target | None = None) -> 
 def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (),
                  step_logs: bool = False) -> str:
     """``step_logs``: also the tail of each step's log on the host (for doctor)."""
+    from .facts.nvidia import QUERY_FIELDS
+    from .templating import render
     return render(
         "facts.sh.j2",
         probe_timeout=20,
@@ -49,13 +54,54 @@ def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (
     )
 
 
-def gather(ex: Executor, target: Target | None = None, step_logs: bool = False) -> HostFacts:
-    """ONE remote execution; the parse happens locally."""
-    from .executor import NO_EXIT_STATUS
-
+def prepare(target: Target | None, step_logs: bool = False) -> tuple[tuple[Platform, ...], str]:
+    """The platforms (their markers parse the facts) and the rendered script; the parsers are
+    imported here too, so that a thread can do all of it ahead of time."""
+    from .facts import host  # noqa: F401
+    from .recipes import all_platforms
     platforms = all_platforms()
-    result = ex.run(bash_script(facts_script(platforms, data_dirs(platforms, target), step_logs)),
-                    step="facts", check=False)
+    return platforms, facts_script(platforms, data_dirs(platforms, target), step_logs)
+
+
+class Ahead:
+    """The facts script for ``target``, rendered in a thread started now, with the parsers
+    imported; ``get()`` waits for it (and raises what the rendering raised)."""
+
+    def __init__(self, target: Target | None, step_logs: bool = False):
+        self.target, self.step_logs = target, step_logs
+        self._done = threading.Event()
+        self._value: tuple[tuple[Platform, ...], str] | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._render, name="facts-ahead", daemon=True).start()
+
+    def _render(self) -> None:
+        try:
+            self._value = prepare(self.target, self.step_logs)
+        except BaseException as exc:  # handed to the caller of get()
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def get(self) -> tuple[tuple[Platform, ...], str]:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
+def gather(ex: Executor, target: Target | None = None, step_logs: bool = False,
+           ahead: Ahead | None = None) -> HostFacts:
+    """ONE remote execution; the parse happens locally. ``ahead``: the script already under way
+    (for the same target and ``step_logs``)."""
+    from .executor import NO_EXIT_STATUS
+    from .facts.host import parse_facts
+
+    if ahead is not None and ahead.step_logs == step_logs:
+        platforms, script = ahead.get()
+    else:
+        platforms, script = prepare(target, step_logs)
+    result = ex.run(bash_script(script), step="facts", check=False)
     if result.exit_code == NO_EXIT_STATUS:
         raise ex.lost("the facts")
     try:

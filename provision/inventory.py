@@ -1,12 +1,14 @@
 """Inventories (one host per file) and the resolution of ``-H`` into a ``Target``.
 
-``-H <name>`` reads ``inventories/<name>.yaml`` (from the folder in ``$GPU_PROVISION_INVENTORIES``,
-or the current folder, else the examples that ship with the tool); ``-H path/to/host.yaml`` reads
-that file; ``-H user@ip:port`` needs no file.
+``-H <name>`` reads ``<name>.yaml`` from the first of: ``./inventories/``, the folder in
+``$GPU_PROVISION_INVENTORIES``, ``~/.config/gpu-provision/inventories/`` (under
+``$GPU_PROVISION_HOME`` when that is set), and last the examples that ship with the tool.
+``-H path/to/host.yaml`` reads that file; ``-H user@ip:port`` needs no file.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -16,8 +18,17 @@ from typing import Any
 
 from . import validators as v
 from .errors import ConfigError
-from .paths import example_inventories, on_disk
-from .recipes import MIRRORS_SCHEMA, Mirrors, Platform, Recipe, load_platform, load_recipe
+from .paths import example_inventories, on_disk, state_dir
+from .recipes import (
+    MIRRORS_SCHEMA,
+    Mirrors,
+    Platform,
+    Recipe,
+    load_platform,
+    load_recipe,
+    platform_path,
+    recipe_path,
+)
 from .yamlspec import Check, check, load_mapping
 
 INVENTORY_SCHEMA = {
@@ -63,6 +74,10 @@ class Target:
     password_env: str | None = None
     source: Path | None = None  # the inventory file, if any
     settings: Mapping[str, Any] = field(default_factory=dict)  # the file's other keys
+    # from the command line (-t, --prompt-for-login-password, --prompt-for-passphrase)
+    connect_timeout: int | None = None
+    password: str | None = field(default=None, repr=False, compare=False)
+    passphrase: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def pin_name(self) -> str:
@@ -71,11 +86,22 @@ class Target:
 
 
 def inventory_dirs() -> list[Path]:
-    dirs = [Path.cwd() / "inventories"]
+    """Where ``-H NAME`` is looked for, in order (the shipped examples come after these)."""
     env = os.environ.get("GPU_PROVISION_INVENTORIES")
-    if env:
-        dirs.insert(0, Path(env))
-    return dirs
+    return [Path.cwd() / "inventories", *([Path(env)] if env else []), state_dir() / "inventories"]
+
+
+def where_looked(name: str) -> str:
+    """The folders ``-H name`` was looked for in, and the nearest names there, for an error."""
+    env = os.environ.get("GPU_PROVISION_INVENTORIES")
+    places = ["./inventories/", f"$GPU_PROVISION_INVENTORIES ({env})" if env else
+              "$GPU_PROVISION_INVENTORIES (not set)", f"{state_dir() / 'inventories'}/",
+              "the shipped examples"]
+    names = {p.name[:-5] for d in inventory_dirs() if d.is_dir() for p in d.glob("*.yaml")}
+    names |= {p.name[:-5] for p in example_inventories().iterdir() if p.name.endswith(".yaml")}
+    near = difflib.get_close_matches(name, sorted(names), n=1)
+    return (f"no inventory named {name!r} in {', '.join(places)}"
+            + (f" (did you mean {near[0]!r}?)" if near else ""))
 
 
 def shipped_example(name: str) -> Path | None:
@@ -85,11 +111,24 @@ def shipped_example(name: str) -> Path | None:
     return on_disk(example) if example.is_file() else None
 
 
-def load_inventory(path: Path, name: str | None = None) -> Target:
+def load_inventory(path: Path, name: str | None = None, check_key: bool = False) -> Target:
+    """The Target an inventory file describes. Its recipe and platform must exist; with
+    ``check_key`` (about to connect, no ``-i``) so must its ``key:`` file."""
     data, lines = load_mapping(path, "inventory")
     check(data, INVENTORY_SCHEMA, path, lines)
     if not data.get("host"):
         raise ConfigError(str(path), "missing (the address or name to connect to)", key="host")
+    for kind, find in (("recipe", recipe_path), ("platform", platform_path)):
+        if data.get(kind):
+            try:
+                find(data[kind])
+            except ConfigError as exc:
+                raise ConfigError(str(path), exc.problem, key=kind, line=lines.get(kind)) from None
+    key = data.get("key")
+    if check_key and key and not Path(os.path.expanduser(key)).is_file():
+        raise ConfigError(str(path), f"{key} does not exist: give the private key file to log "
+                          "in with (or -i KEY on the command line)", key="key",
+                          line=lines.get("key"))
     conn = {k: data.pop(k) for k in ("host", "port", "user", "key", "password_env") if k in data}
     return Target(name=name or path.stem, host=str(conn["host"]), port=int(conn.get("port") or 22),
                   user=str(conn.get("user") or "root"), key=conn.get("key"),
@@ -146,25 +185,27 @@ def parse_host_string(text: str) -> tuple[str | None, str, int | None]:
 
 
 def resolve_target(spec: str, user: str | None = None, port: int | None = None,
-                   host: str | None = None) -> Target:
+                   host: str | None = None, key: str | None = None,
+                   connecting: bool = False) -> Target:
     """Turn one ``-H`` value into a Target (inventory file when one matches).
 
     ``user``/``port``/``host`` are what the SSH layer resolved for ``spec`` (Fabric's parse of
     ``user@host:port`` plus ~/.ssh/config); an inventory file, when one matches, wins.
+    ``key``: ``-i`` from the command line, which beats the inventory's (and must exist).
+    ``connecting``: the key file must exist now (a task is about to log in with it).
     """
-    if spec.endswith((".yaml", ".yml")):
-        return load_inventory(Path(spec))
-    if v.NAME_RE.match(spec):
-        for d in inventory_dirs():
-            p = d / f"{spec}.yaml"
-            if p.is_file():
-                return load_inventory(p, spec)
-        example = shipped_example(spec)
-        if example is not None:
-            return load_inventory(example, spec)
+    from dataclasses import replace as with_
+    if key is not None and not Path(os.path.expanduser(key)).is_file():
+        from .errors import UsageError
+        raise UsageError(f"-i {key}: no such key file (give the private key to log in with)")
+    path = find_inventory(spec)
+    if path is not None:
+        target = load_inventory(path, None if spec.endswith((".yaml", ".yml")) else spec,
+                                check_key=connecting and key is None)
+        return with_(target, key=key) if key else target
     u, h, p2 = parse_host_string(spec)
     user, port, host = u or user or "root", p2 or port or 22, host or h
-    return Target(name=f"{user}@{host}:{port}", host=host, port=port, user=user)
+    return Target(name=f"{user}@{host}:{port}", host=host, port=port, user=user, key=key)
 
 
 @dataclass(frozen=True)
@@ -188,6 +229,18 @@ class Settings:
     price_per_hour: float | None = None
     currency: str | None = None
     validation: Mapping[str, float] = field(default_factory=dict)
+    # key -> (layer, how it was set): which layer asked for it, named so a message can say what
+    # changes it ("command line", "--python"), ("inventory", "python: in box.yaml") or
+    # ("recipe", "python: in recipe pytorch"); keys at their built-in default are absent
+    asked: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+    def asked_by_user(self, key: str) -> bool:
+        """Set on the command line or in the inventory (a recipe's value is a default)."""
+        return self.asked.get(key, ("",))[0] in ("command line", "inventory")
+
+    def how_asked(self, key: str) -> str:
+        """Where ``key`` was set, for messages: ``--python``, ``python: in box.yaml``, ..."""
+        return self.asked.get(key, ("", "the built-in default"))[1]
 
 
 def merge_settings(target: Target, platform: Platform, recipe: Recipe,
@@ -196,20 +249,26 @@ def merge_settings(target: Target, platform: Platform, recipe: Recipe,
     s = Settings(platform=platform.name, recipe=recipe.name)
     mirrors = Mirrors().merged(platform.mirrors).merged(recipe.mirrors)
     s = replace(s, data_dir=platform.data_dir, validation=dict(recipe.validation))
-    for layer in (
-        {"python": recipe.python, "torch": recipe.torch, "env_name": recipe.env_name,
-         "packages": recipe.packages, "cuda_compat": recipe.cuda_compat,
-         "domain_libraries": recipe.domain_libraries,
-         "miniconda_version": recipe.miniconda_version,
-         "miniconda_sha256": recipe.miniconda_sha256},
-        {k: x for k, x in target.settings.items() if k not in ("platform", "recipe", "mirrors", "notes")},
-        dict(cli or {}),
+    asked: dict[str, tuple[str, str]] = {}
+    source = target.source.name if target.source else target.name
+    for layer, how, values in (
+        ("recipe", f"in recipe {recipe.name}",
+         {"python": recipe.python, "torch": recipe.torch, "env_name": recipe.env_name,
+          "packages": recipe.packages, "cuda_compat": recipe.cuda_compat,
+          "domain_libraries": recipe.domain_libraries,
+          "miniconda_version": recipe.miniconda_version,
+          "miniconda_sha256": recipe.miniconda_sha256}),
+        ("inventory", f"in {source}",
+         {k: x for k, x in target.settings.items() if k not in ("platform", "recipe", "mirrors", "notes")}),
+        ("command line", "", dict(cli or {})),
     ):
         clean: dict[str, Any] = {k: (tuple(x) if isinstance(x, list) else x)
-                                 for k, x in layer.items() if x is not None}
+                                 for k, x in values.items() if x is not None}
         s = replace(s, **clean)
+        asked.update({k: (layer, f"--{k.replace('_', '-')}" if not how else f"{k}: {how}")
+                      for k in clean})
     mirrors = mirrors.merged(target.settings.get("mirrors"))
-    return replace(s, mirrors=mirrors)
+    return replace(s, mirrors=mirrors, asked=asked)
 
 
 def settings_for(target: Target, detected_platform: str | None,

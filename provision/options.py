@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import validators as v
-from .errors import ProvisionError
+from .errors import ConfigError, UsageError
+from .recipes import platform_path, recipe_path
 
 _CHECKS = {"python": v.python_version, "torch": v.torch_spec, "env_name": v.name,
            "recipe": v.name, "platform": v.name, "cuda_compat": v.one_of("strict", "minor")}
@@ -31,7 +32,14 @@ class Overrides:
             value = getattr(self, key)
             problem = check(value) if value is not None else None
             if problem:
-                raise ProvisionError(f"--{key.replace('_', '-')}: {problem}")
+                raise UsageError(f"--{key.replace('_', '-')}: {problem}")
+        for key, find in (("recipe", recipe_path), ("platform", platform_path)):
+            value = getattr(self, key)
+            if value is not None:
+                try:
+                    find(value)
+                except ConfigError as exc:  # before any connection: the name must exist
+                    raise UsageError(f"--{key}: {exc.problem}") from None
 
     def as_settings(self) -> dict[str, Any]:
         """The given values, keyed like the YAML settings."""

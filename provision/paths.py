@@ -68,6 +68,11 @@ def data_file(name: str) -> Traversable:
     return resources.files("provision.data") / name
 
 
+def package_source(name: str) -> str:
+    """The text of one of the package's own modules (``simpleindex.py``), to run on a host."""
+    return (resources.files("provision") / name).read_text(encoding="utf-8")
+
+
 def verify_suite() -> Traversable:
     """The shipped pytest-testinfra suite (``provision/verify``)."""
     return resources.files("provision.verify")

@@ -6,19 +6,20 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .compat import TorchChoice, choose_torch, parse_compute_cap
+from .compat import TorchChoice, parse_compute_cap, torch_candidates
 from .errors import NoWheelError, ProvisionError
 from .facts.host import HostFacts, cc_from_name
 from .inventory import Settings
 from .ops import driver as driver_ops
+from .ops import fabric as fabric_ops
 from .ops import validate as validate_ops
 from .ops.conda import conda_step
-from .ops.env import env_step
+from .ops.env import env_step, python_conflict
 from .ops.installer import installer_decision
-from .ops.layout import Layout, layout
+from .ops.layout import Layout, find_env, layout, ours
 from .ops.secrets import secrets_step
 from .ops.step import Step, nothing
-from .ops.torch import packages_step, torch_step
+from .ops.torch import judge_env_torch, packages_step, torch_step
 from .recipes import Platform
 
 # Branches installed when the driver is missing or too old (compat.md §1.5).
@@ -106,14 +107,52 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                        if (cc := cc_from_name(g.name))})
     glibc = facts.glibc
     torch: TorchChoice | None = None
+    cands: tuple[TorchChoice, ...] = ()
     blocked: str | None = None
     install: tuple[int, bool] | None = None
 
+    # What is kept must pass the rule that picks what is installed: a platform's env whose torch
+    # fails it (or a pinned torch: it is not) stays as it is, and an env of ours beside it in
+    # the same conda gets the torch the rule picks. The platform's env is never changed.
+    lay = layout(facts, settings, platform)
+    left_alone = ""
+    platform_env = find_env(facts, lay) if lay.adopted else None
+    if platform_env is not None and platform_env.torch:
+        check = judge_env_torch(facts, settings, platform_env)
+        if not check.ok:
+            lay = ours(lay, settings)
+            left_alone = (f"the platform's env {platform_env.name!r} keeps its torch "
+                          f"{platform_env.torch}, unchanged ({check.reason}); ")
+            platform_env = None
+    # the rule is applied for the Python of the env the torch goes into
+    python = platform_env.python if platform_env is not None and platform_env.python \
+        else settings.python
+
     def pick(driver: str | None, driver_cuda: str | None) -> TorchChoice:
-        return choose_torch(driver=driver, compute_caps=caps, python=settings.python,
-                            torch=settings.torch, cuda_compat=settings.cuda_compat, glibc=glibc,
-                            driver_cuda=driver_cuda, arch=facts.arch or "x86_64",
-                            index=settings.mirrors.pytorch[0])
+        nonlocal cands
+        cands = torch_candidates(driver=driver, compute_caps=caps, python=python,
+                                 torch=settings.torch, cuda_compat=settings.cuda_compat,
+                                 glibc=glibc, driver_cuda=driver_cuda, arch=facts.arch or "x86_64",
+                                 index=settings.mirrors.pytorch[0])
+        return cands[0]
+
+    def no_wheel(exc: NoWheelError) -> str:
+        """A pinned torch: that fails the rule is an error naming the pin and the nearest fix."""
+        if not settings.torch:
+            return str(exc)
+        return (f"the torch {settings.torch} asked ({settings.how_asked('torch')}) fails the "
+                f"rule: {exc}")
+
+    def newer_driver_helps() -> bool:
+        """Would the branch bootstrap installs give a wheel? (Not for a pin without the
+        GPUs' kernels, or GPUs no build has.)"""
+        branch = driver_branch(caps, facts)[0]
+        try:
+            pick({KEPLER_BRANCH: KEPLER_BRANCH_MIN, ELREPO_EL7_BRANCH: ELREPO_EL7_VERSION}.get(
+                branch, CURRENT_BRANCH_MIN), None)
+        except NoWheelError:
+            return False
+        return True
 
     # Driver
     if not facts.has_nvidia_gpu:
@@ -127,14 +166,18 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                                       f"driver {facts.driver} loaded (CUDA <= {facts.driver_cuda}, "
                                       f"{facts.driver_cuda_source}); enough for {torch.label}{owner}"))
         except NoWheelError as exc:
-            if touchable:
+            if touchable and newer_driver_helps():
                 branch, open_mod, why = driver_branch(caps, facts)
                 install = (branch, open_mod)
                 decisions.append(Decision("driver", f"upgrade to branch {branch}"
                                           f"{' (open modules)' if open_mod else ''}",
                                           f"driver {facts.driver} is too old: {exc}; {why}"))
+            elif touchable:  # the pin (or the GPUs) no driver can save
+                blocked = no_wheel(exc)
+                decisions.append(Decision("driver", None, f"driver {facts.driver} loaded; a "
+                                          f"newer one would not help: {exc}"))
             else:
-                blocked = str(exc)
+                blocked = no_wheel(exc)
                 decisions.append(Decision("driver", None, f"{platform.name} owns the driver "
                                           f"(never touched on a {platform.kind}); {exc}"))
     elif facts.nvidia_state in ("gpu_lost", "unknown_error"):
@@ -165,7 +208,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         try:
             torch = pick(branch_min, None) if caps else None
         except NoWheelError as exc:
-            blocked = str(exc)
+            blocked = no_wheel(exc)
         if caps == [] and torch is None and blocked is None:
             decisions.append(Decision("torch", "decide after the driver",
                                       "compute capability unknown until nvidia-smi answers"))
@@ -173,9 +216,8 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         try:
             torch = pick(None, None)
         except NoWheelError as exc:
-            blocked = str(exc)
+            blocked = no_wheel(exc)
 
-    lay = layout(facts, settings, platform)
     steps: list[Step] = []
     driver_decision = next(d for d in decisions if d.step == "driver")
     if install is not None and blocked is None:
@@ -187,16 +229,25 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
             blocked = f"{exc}: install the NVIDIA driver by hand, then run bootstrap again"
     elif driver_decision.action == "reboot":
         steps.append(driver_ops.reboot_step(facts, driver_decision.reason))
-    steps += [conda_step(facts, settings, lay), env_step(facts, settings, lay)]
-    if torch is not None:
-        steps += [torch_step(facts, settings, lay, torch), packages_step(facts, settings, lay)]
+    fabric = fabric_ops.fabric_step(facts, touchable)  # NVSwitch boards only
+    if fabric is not None:
+        steps.append(fabric)
+    env = env_step(facts, settings, lay, why=left_alone)
+    refusal = python_conflict(facts, settings, lay)
+    if refusal is not None and blocked is None:
+        blocked = refusal
+    steps += [conda_step(facts, settings, lay), env]
+    if torch is not None and cands:
+        step, torch = torch_step(facts, settings, lay, cands, python, fresh_env=env.changes,
+                                 why=left_alone)
+        steps += [step, packages_step(facts, settings, lay, fresh_env=env.changes)]
     elif blocked:
         steps.append(nothing("torch", f"blocked: {blocked}"))
     # validation runs after any change it checks, or when asked; otherwise it may be skipped
     steps.append(validate_ops.validate_step(facts, lay, settings, torch,
                                             always=revalidate or any(s.changes for s in steps)))
-    if secrets:  # tokens change nothing validation measures
-        steps.insert(1 if steps[0].name == "driver" else 0,
+    if secrets:  # tokens change nothing validation measures; they go in before conda
+        steps.insert(next(i for i, s in enumerate(steps) if s.name == "conda"),
                      secrets_step(facts, secrets, secrets_digest))
     if blocked:  # bootstrap runs nothing then: the plan says so instead of promising work
         steps = [nothing(s.name, f"not run while blocked (would {s.label})") if s.changes else s

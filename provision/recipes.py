@@ -5,6 +5,7 @@ Precedence: built-in defaults < platform < recipe < inventory < command line.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -37,6 +38,42 @@ RECIPE_SCHEMA = {
     "mirrors": MIRRORS_SCHEMA,
     "validation": {"min_free_disk_gb": float, "min_memory_gb": float, "min_cpu_cores": int,
                    "min_tflops_ratio": float, "min_bandwidth_ratio": float},
+    # what `run` starts when no command follows --: argv, e.g. [python, train.py, --epochs, "10"]
+    "job": Check([str], lambda xs: None if xs and all(x and "\x00" not in x for x in xs) else
+                 f"{xs!r}: the command as a list of its words, e.g. [python, train.py]"),
+}
+
+def _http_request(value: str) -> str | None:
+    method, _, url = value.partition(" ")
+    if method not in ("GET", "POST", "PUT", "PATCH", "DELETE") or v.url(url.replace("{id}", "0")):
+        return f"{value!r}: write 'METHOD https://...' (METHOD one of GET, POST, PUT, PATCH, DELETE)"
+    return None
+
+
+# What `autostop --action NAME` does on a platform: a command run on the host, or an HTTP request
+# to the platform's API ({id}: the instance's id), and what it keeps, loses and still bills.
+STOP_ACTION_SCHEMA = {
+    "command": [str],
+    "request": Check(str, _http_request),
+    "body": str,
+    "ok": str,  # a regex the response must match to count as done (besides HTTP 2xx)
+    "keeps": str,
+    "loses": str,
+    "bills": str,
+    "deletes": Check(str, v.one_of("nothing", "outside-persistent", "everything")),
+    "refused": str,  # why this action must never be used here
+}
+
+AUTOSTOP_SCHEMA = {
+    "default": Check(str, v.one_of("stop", "shutdown", "terminate")),
+    "persistent_dir": Check(str, v.abs_path),  # storage that outlives the stop (and a release)
+    "instance_id_env": Check([str], v.env_vars),  # where the instance finds its own id
+    "instance_id_prefix": str,  # stripped from it (vast.ai's label C.12345)
+    "api_key_env": Check([str], v.env_vars),  # the credential, narrowest first
+    "note": str,
+    "stop": STOP_ACTION_SCHEMA,
+    "shutdown": STOP_ACTION_SCHEMA,
+    "terminate": STOP_ACTION_SCHEMA,
 }
 
 PLATFORM_SCHEMA = {
@@ -50,6 +87,7 @@ PLATFORM_SCHEMA = {
     "accelerator_command": str,
     "mirrors": MIRRORS_SCHEMA,
     "detect": {"files": [str], "env": [str], "hostname_prefix": [str]},
+    "autostop": AUTOSTOP_SCHEMA,
 }
 
 
@@ -85,6 +123,34 @@ class Detect:
 
 
 @dataclass(frozen=True)
+class StopAction:
+    """One way to stop the machine (see STOP_ACTION_SCHEMA)."""
+
+    command: tuple[str, ...] = ()
+    request: str | None = None  # "METHOD URL"
+    body: str | None = None
+    ok: str | None = None
+    keeps: str = ""
+    loses: str = ""
+    bills: str = ""
+    deletes: str = "nothing"  # nothing | outside-persistent | everything
+    refused: str | None = None
+
+
+@dataclass(frozen=True)
+class StopProfile:
+    """How autostop stops this platform's machines (see AUTOSTOP_SCHEMA)."""
+
+    default: str | None = None
+    persistent_dir: str | None = None
+    instance_id_env: tuple[str, ...] = ()
+    instance_id_prefix: str = ""
+    api_key_env: tuple[str, ...] = ()
+    note: str = ""
+    actions: Mapping[str, StopAction] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Platform:
     name: str
     description: str = ""
@@ -97,6 +163,7 @@ class Platform:
     accelerator_command: str | None = None
     mirrors: Mapping[str, Any] = field(default_factory=dict)
     detect: Detect = Detect()
+    autostop: StopProfile = StopProfile()
 
 
 @dataclass(frozen=True)
@@ -113,6 +180,7 @@ class Recipe:
     miniconda_sha256: str | None = None
     mirrors: Mapping[str, Any] = field(default_factory=dict)
     validation: Mapping[str, float] = field(default_factory=dict)
+    job: tuple[str, ...] = ()  # what `run` starts when no command is given
 
 
 def _yaml_names(folder: Traversable) -> set[str]:
@@ -131,8 +199,10 @@ def _find(kind: str, name: str, local: Path, builtin: Traversable) -> Traversabl
         if p.is_file():
             return p
     known = sorted(_yaml_names(local) | _yaml_names(builtin))
+    near = difflib.get_close_matches(name, known, n=1)
+    guess = f"did you mean {near[0]!r}? " if near else ""
     raise ConfigError(str(local / f"{name}.yaml"),
-                      f"no {kind} named {name!r} (known: {', '.join(known) or 'none'})")
+                      f"no {kind} named {name!r} ({guess}known: {', '.join(known) or 'none'})")
 
 
 def recipe_path(name: str, root: Path | None = None) -> Traversable:
@@ -164,8 +234,17 @@ def load_platform(name: str, root: Path | None = None) -> Platform:
     data, lines = load_mapping(path, "platform")
     check(data, PLATFORM_SCHEMA, path, lines)
     detect = data.pop("detect", None) or {}
+    stop = dict(data.pop("autostop", None) or {})
     platform: Platform = _build(Platform, name, data)
-    return replace(platform, detect=Detect(**{k: tuple(x or ()) for k, x in detect.items()}))
+    actions = {k: _build_plain(StopAction, stop.pop(k)) for k in ("stop", "shutdown", "terminate")
+               if stop.get(k)}
+    return replace(platform, detect=Detect(**{k: tuple(x or ()) for k, x in detect.items()}),
+                   autostop=replace(_build_plain(StopProfile, stop), actions=actions))
+
+
+def _build_plain(cls: Any, data: Mapping[str, Any]) -> Any:
+    return cls(**{k: (tuple(x) if isinstance(x, list) else x) for k, x in data.items()
+                  if x is not None})
 
 
 def all_platforms(root: Path | None = None) -> tuple[Platform, ...]:

@@ -1,48 +1,31 @@
 """Refresh the torch part of the compatibility data from a live PyTorch index, and diff it.
 
 Reads ``<index>/<variant>/torch/`` for every known variant (PEP 691 JSON when the server offers
-it, else PEP 503 HTML), keeps Linux x86_64 CPython wheels, and compares the (release, variant,
+it, else PEP 503 HTML; the parsing is ``simpleindex``'s, which the torch step also runs on the
+host), keeps Linux x86_64 CPython wheels, and compares the (release, variant,
 python) sets with ``compat.yaml``.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import re
 import urllib.error
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from .compat import CompatData, dotted
 from .errors import ProvisionError
-
-WHEEL_RE = re.compile(r"^torch-(?P<ver>[^-]+?)(?:\+(?P<local>[a-z0-9.]+))?-(?P<py>cp\d+)-"
-                      r"(?P<abi>cp\d+t?)-(?P<plat>[^/]*linux[^/]*x86_64)\.whl$")
-PEP691 = "application/vnd.pypi.simple.v1+json"
-
-
-class _Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.files: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            href = dict(attrs).get("href") or ""
-            self.files.append(unquote(href.split("#", 1)[0].rsplit("/", 1)[-1]))
+from .simpleindex import ACCEPT, file_names, py_tag_text, served
 
 
 def list_files(url: str, timeout: float = 30) -> list[str]:
     """Wheel file names on one PEP 691/503 project page (empty when the page is absent)."""
-    req = urllib.request.Request(url, headers={"Accept": f"{PEP691}, text/html;q=0.1"})
+    req = urllib.request.Request(url, headers={"Accept": ACCEPT})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read().decode("utf-8", "replace")
@@ -53,11 +36,7 @@ def list_files(url: str, timeout: float = 30) -> list[str]:
         raise ProvisionError(f"{url}: HTTP {exc.code}") from None
     except (urllib.error.URLError, TimeoutError) as exc:
         raise ProvisionError(f"{url}: cannot reach the index ({getattr(exc, 'reason', exc)})") from None
-    if PEP691 in ctype or body.lstrip().startswith("{"):
-        return [unquote(f["filename"]) for f in json.loads(body).get("files", [])]
-    parser = _Links()
-    parser.feed(body)
-    return parser.files
+    return file_names(body, ctype)
 
 
 @dataclass(frozen=True)
@@ -79,18 +58,9 @@ def scan_index(base: str, variants: list[str]) -> dict[tuple[str, str], set[str]
     """(release, variant) -> python versions ("3.11") with a Linux x86_64 wheel."""
     found: dict[tuple[str, str], set[str]] = defaultdict(set)
     for variant in variants:
-        for name in list_files(f"{base.rstrip('/')}/{variant}/torch/"):
-            m = WHEEL_RE.match(name)
-            if not m or m.group("abi").endswith("t"):
-                continue  # free-threaded builds are not chosen automatically
-            try:
-                Version(m.group("ver"))
-            except InvalidVersion:
-                continue
-            if (m.group("local") or variant) != variant or ".dev" in m.group("ver"):
-                continue
-            py = m.group("py")[2:]
-            found[(m.group("ver"), variant)].add(f"{py[0]}.{py[1:]}")
+        files = list_files(f"{base.rstrip('/')}/{variant}/torch/")
+        for ver, tags in served(files, "torch", variant, "x86_64").items():
+            found[(ver, variant)].update(py_tag_text(t) for t in tags if t.startswith("cp"))
     return found
 
 

@@ -7,7 +7,8 @@ prints it after the log on one line starting with ``MARKER``, and ``run_detached
 
 On the host (``~/.gpu-provision``): ``locks/<lock>`` (+ ``.owner``), ``logs/<name>.log``,
 ``steps/<name>.{pid,rc,json,result}``. Tasks that must not wait for each other use different
-lock names; the provisioning steps share ``HOST_LOCK``.
+lock names; the provisioning steps share ``HOST_LOCK``. ``run_follow`` streams a file that is
+not a step's log (a job's) the same way, from an offset, while its process lives.
 """
 
 from __future__ import annotations
@@ -163,6 +164,29 @@ def run_detached(ex: Executor, name: str, body: str, *, inputs: str = "",
                           f"on, detached, on the host (log ~/.gpu-provision/logs/{name}.log). "
                           f"Run {again} again to re-attach and finish (the lock refuses any "
                           "other run meanwhile)") from None
+    return _finish(ex, name, r.stdout, r.stderr, r.exit_code, time.monotonic() - started, again)
+
+
+def follow_script(name: str, where: str, offset: int = 0, lines: int = 0) -> str:
+    """The one remote execution ``run_follow`` runs (templates/follow.sh.j2)."""
+    return render("follow.sh.j2", name=name, where=where, offset=offset, lines=lines, poll=POLL,
+                  heartbeat=HEARTBEAT, marker=MARKER)
+
+
+def run_follow(ex: Executor, name: str, where: str, *, offset: int = 0, lines: int = 0,
+               on_line: Callable[[str], None] | None = None,
+               on_err: Callable[[str], None] | None = None, again: str = "the task") -> StepRun:
+    """Stream a file on the host that a process other than a step writes (a job's log): from
+    byte ``offset`` plus ``lines`` whole lines, while the process lives, then what is left.
+    ``where`` is rendered bash that sets ``log`` (the file), ``pid`` (the process; empty: read
+    what is there and end) and ``resf`` (a file holding the JSON result, or none). One remote
+    execution; the result's ``size`` is the byte a later reader resumes from."""
+    script = follow_script(name, where, offset, lines)
+    started = time.monotonic()
+    r = ex.run(bash_script(script), step=name, check=False,
+               on_out=on_line or (lambda _: None), on_err=on_err or (lambda _: None))
+    if r.exit_code == NO_EXIT_STATUS:
+        raise ex.lost(f"{name!r}")
     return _finish(ex, name, r.stdout, r.stderr, r.exit_code, time.monotonic() - started, again)
 
 

@@ -1,76 +1,53 @@
-"""Fabric tasks: wiring only (resolve the host, call the modules, print). No decisions here."""
+"""Tasks: wiring only (resolve the host, call the modules, print). No decisions here.
+
+Each task imports what it uses inside its body: listing the tasks, ``--version`` and the offline
+tasks never load Fabric, paramiko, jinja2 or matplotlib. The flag, help, ``--json`` and exit-code
+conventions are in ``taskkit``.
+"""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from dataclasses import replace
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from fabric import Connection, task
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from . import chart, output
-from .authorize import authorize_key
-from .bootstrap import Applied, run_step
-from .compare import find_reports, price_of, rows
-from .compat import choose_torch
-from .connection import connect, forget_pin, known_hosts_path
-from .doctor import diagnose, read_logs, texts_for
-from .errors import ProvisionError
-from .extras import need
-from .inventory import Target, resolve_target
-from .ops import validate as validate_ops
-from .ops.secrets import forget_secrets_step
-from .options import Overrides
-from .refresh import refresh, write_refreshed
-from .session import Session, session
-from .store import Store
+from . import output
+from .errors import ProvisionError, UsageError
+from .taskkit import (  # noqa: F401  (re-exported: the names tasks in other modules use)
+    ONE_HOST,
+    Failed,
+    has_host,
+    reports_errors,
+    target_of,
+    task,
+)
+from .taskkit import notify as _notify
 
-F = TypeVar("F", bound=Callable[..., Any])
-ONE_HOST = "this task needs a host: -H <inventory name | user@host:port>"
+if TYPE_CHECKING:
+    from .bootstrap import Applied
+    from .options import Overrides
+    from .session import Session
 
 
-class Failed(Exit):
-    """A task's failure, carrying the error itself to the multi-host summary."""
-
-    def __init__(self, error: ProvisionError):
-        super().__init__(f"error: {error}", code=error.exit_code)
-        self.error = error
-
-
-def reports_errors(fn: F) -> F:
-    """Show a ProvisionError as its one-line message and exit with its code (no traceback)."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except ProvisionError as exc:
-            raise Failed(exc) from None
-        except KeyboardInterrupt:  # between steps: nothing runs on the host for us
-            raise Exit("interrupted: no step was running; run the task again", code=130) from None
-    return wrapper  # type: ignore[return-value]
-
-
-def target_of(c: Context) -> Target:
-    if not isinstance(c, Connection):
-        raise ProvisionError(ONE_HOST)
-    # Fabric has already split user@host:port and applied ~/.ssh/config (HostName, User, Port)
-    target = resolve_target(c.original_host, user=c.user, port=c.port, host=c.host)
-    keys = c.connect_kwargs.get("key_filename")  # -i on the command line beats the inventory
-    if keys:
-        target = replace(target, key=keys[0] if isinstance(keys, list) else str(keys))
-    return target
-
-
-def _notify(msg: str) -> None:
-    output.err_console.print(f"[cyan]{msg}[/]")
-
-
-def _session(c: Context) -> Any:
+def _session(c: Context) -> AbstractContextManager[Session]:
+    from .session import session
+    from .store import Store
     return session(target_of(c), Store(), _notify)
+
+
+def _overrides(**given: str | None) -> Overrides:
+    """The command line's settings, checked (names of recipes and platforms too) before any
+    connection."""
+    from .options import Overrides
+    return Overrides(**given)
+
+
+def _applied_json(applied: Applied, **more: Any) -> dict[str, Any]:
+    return {**applied.as_json(), "seconds": round(sum(s.seconds for s in applied.steps), 2),
+            "validation": applied.report, **more}
 
 
 def _show_applied(applied: Applied) -> None:
@@ -79,10 +56,15 @@ def _show_applied(applied: Applied) -> None:
         output.verdict_table(applied.host, applied.report, applied.report_path)
 
 
-PLAN_HELP = {"json": "print the plan as JSON", "python": "env Python, e.g. 3.11",
-             "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'", "recipe": "recipe name",
-             "platform": "platform profile name", "cuda_compat": "strict (default) or minor",
-             "env_name": "conda env name"}
+SETTINGS_HELP = {"python": "env Python, e.g. 3.11", "recipe": "recipe name (recipes/<name>.yaml)",
+                 "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'",
+                 "platform": "platform profile name (recipes/platforms/<name>.yaml)",
+                 "cuda_compat": "strict (default) or minor (NVIDIA minor-version compatibility)",
+                 "env_name": "conda env name"}
+
+
+def _help(*names: str, **more: str) -> dict[str, str]:
+    return {**{n: SETTINGS_HELP[n] for n in names}, **more}
 
 
 @task(help={"json": "print the facts as one JSON object"})
@@ -100,7 +82,7 @@ def facts(c: Context, json_: bool = False) -> None:
         output.facts_table(s.target.name, f)
 
 
-@task(help=PLAN_HELP)
+@task(help=_help(*SETTINGS_HELP, json="print the plan as JSON"))
 @reports_errors
 def plan(c: Context, json_: bool = False, python: str | None = None, torch: str | None = None,
          recipe: str | None = None, platform: str | None = None, cuda_compat: str | None = None,
@@ -109,7 +91,8 @@ def plan(c: Context, json_: bool = False, python: str | None = None, torch: str 
 
     Example: gpu-provision -H my-4090 plan --torch 2.5
     """
-    o = Overrides(python, torch, recipe, platform, cuda_compat, env_name)
+    o = _overrides(python=python, torch=torch, recipe=recipe, platform=platform,
+                   cuda_compat=cuda_compat, env_name=env_name)
     with _session(c) as s:
         p = s.plan(o, push=True)
     if json_:
@@ -118,45 +101,59 @@ def plan(c: Context, json_: bool = False, python: str | None = None, torch: str 
         output.plan_table(p)
 
 
-@task(help={k: v for k, v in PLAN_HELP.items() if k != "json"})
+@task(help=_help(*SETTINGS_HELP, json="print what was done as JSON: steps (changed, seconds), "
+                                      "verdict, the validation report"))
 @reports_errors
 def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
               recipe: str | None = None, platform: str | None = None,
-              cuda_compat: str | None = None, env_name: str | None = None) -> dict[str, Any]:
+              cuda_compat: str | None = None, env_name: str | None = None,
+              json_: bool = False) -> dict[str, Any]:
     """Turn the host into a validated PyTorch env: conda, env, torch, packages, validation.
 
     Safe to repeat: a provisioned host is checked in one remote execution and left unchanged;
     validation runs again once anything it checks has changed (or after 6 hours).
     Example: gpu-provision -H my-4090 bootstrap
     """
-    o = Overrides(python, torch, recipe, platform, cuda_compat, env_name)
+    o = _overrides(python=python, torch=torch, recipe=recipe, platform=platform,
+                   cuda_compat=cuda_compat, env_name=env_name)
     with _session(c) as s:
         p = s.plan(o, push=True)
         for r in p.risks:
-            output.console.print(f"[yellow]risk:[/] {r}")
+            output.console.print(f"[yellow]risk:[/] {output.escape(r)}")
         applied = s.apply(p, o)
-    _show_applied(applied)
+    if json_:
+        output.print_json(_applied_json(applied, risks=list(p.risks)))
+    else:
+        _show_applied(applied)
     if applied.verdict == "FAIL":
         raise Exit(f"validation verdict FAIL (report {applied.report_path})", code=1)
     return {"steps": [(x.name, x.result, x.seconds) for x in applied.steps],
             "verdict": applied.verdict}
 
 
-@task(help={"recipe": "recipe name", "platform": "platform profile name"})
+@task(help=_help("recipe", "platform", json="print the steps, verdict and validation report "
+                                            "as JSON"))
 @reports_errors
-def validate(c: Context, recipe: str | None = None, platform: str | None = None) -> None:
+def validate(c: Context, recipe: str | None = None, platform: str | None = None,
+             json_: bool = False) -> dict[str, Any]:
     """Run validate_gpu.py in the env and show the verdict (exit 1 on FAIL).
 
     Example: gpu-provision -H my-4090 validate
     """
+    o = _overrides(recipe=recipe, platform=platform)
     with _session(c) as s:
-        p = s.plan(Overrides(recipe=recipe, platform=platform), revalidate=True)
+        p = s.plan(o, revalidate=True)
         p.require_env("validate")
         applied = s.apply(p, only={"validate"})
     assert applied.report is not None
-    output.verdict_table(applied.host, applied.report, applied.report_path)
+    if json_:
+        output.print_json(_applied_json(applied))
+    else:
+        output.verdict_table(applied.host, applied.report, applied.report_path)
     if applied.verdict == "FAIL":
         raise Exit(code=1)
+    return {"steps": [(x.name, x.result, x.seconds) for x in applied.steps],
+            "verdict": applied.verdict}
 
 
 @task(help={"junit": "the JUnit XML file (default reports/<host>/verify-<time>.xml)"})
@@ -168,13 +165,27 @@ def verify(c: Context, junit: str | None = None) -> None:
     bootstrap recorded: driver, GPUs, conda, env, torch and its CUDA, mirrors, held driver
     packages, no stale lock. Example: gpu-provision -H my-4090 verify
     """
+    from .extras import need
     need("pytest", "testinfra", extra="verify")
+    from .command import Command
+    from .connection import connect, host_arg
+    from .executor import Executor
+    from .store import Store
     from .suite import run_suite
 
     target = target_of(c)
     path = Path(junit) if junit else Store().report_path(target.name, "verify", ext="xml")
     conn = connect(target, notify=_notify)
     try:
+        # what the suite checks against is written by bootstrap's validation: without it every
+        # check would fail with the same complaint
+        seen = Executor(conn, target.name).run(
+            Command(("test", "-f", ".gpu-provision/expected.json")), step="verify", check=False)
+        if seen.exit_code != 0:
+            raise ProvisionError(f"{target.name}: this host was never bootstrapped by "
+                                 "gpu-provision (no ~/.gpu-provision/expected.json), so there is "
+                                 f"nothing to verify; run: gpu-provision -H {host_arg(target)} "
+                                 "bootstrap")
         code = run_suite(conn, target, path)
     finally:
         conn.close()
@@ -195,8 +206,11 @@ def doctor(c: Context, log: list[str] | None = None, json_: bool = False) -> Non
     last validation report and run logs here, and any --log file. Exit 1 when an error is found.
     Example: gpu-provision -H my-4090 doctor;  gpu-provision doctor --log traceback.txt
     """
+    from .doctor import diagnose, read_logs, texts_for
+    from .store import Store
+
     files = read_logs(log or [])
-    if isinstance(c, Connection):
+    if has_host(c):
         host = target_of(c).name
         store = Store()
         report, logs = store.last_report(host), store.last_logs(host)  # before this run's own
@@ -208,8 +222,8 @@ def doctor(c: Context, log: list[str] | None = None, json_: bool = False) -> Non
         host = "<host>"
         findings = diagnose(files)
     else:
-        raise ProvisionError("doctor needs a host (-H <inventory | user@host:port>) or "
-                             "--log FILE with an error text")
+        raise UsageError("doctor needs a host (-H <inventory | user@host:port>) or "
+                         "--log FILE with an error text")
     if json_:
         output.print_json([x.as_json() for x in findings])
     else:
@@ -226,18 +240,26 @@ def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
 
     matmul TFLOPS per dtype, memory and host-to-device bandwidth, a small CNN's training
     throughput, a detector's inference latency (batch 1 and 32), disk write/read in the data
-    dir, CPU cores and a single-core score, download speed from each mirror. A host without a
+    dir, CPU cores and a single-core score, download speed from each mirror, upload and download
+    speed between this machine and the host. A host without a
     GPU runs it on the CPU, labelled so. Example: gpu-provision -H my-4090 bench
     """
+    from .bootstrap import run_step
+    from .data_sync import bench_link
+    from .ops import validate as validate_ops
+
+    if download_mb < 0:
+        raise UsageError(f"--download-mb: {download_mb} is below 0")
     with _session(c) as s:
         p = s.plan()
         p.require_env("benchmark")
         assert p.facts is not None and p.layout is not None
         step = validate_ops.bench_step(p.facts, p.layout, p.settings, p.torch, download_mb)
-        output.console.print(f"{s.target.name}: bench: {step.reason} ...")
+        output.console.print(f"{s.target.name}: bench: {step.reason} ...", markup=False)
         outcome = run_step(s.ex, step, s.run, output.console, again="bench")
+        link = bench_link(s.ex)  # this machine <-> host MB/s, for compare
     assert outcome.report is not None
-    report = validate_ops.bench_report(outcome.report, s.target, p.settings)
+    report = {**validate_ops.bench_report(outcome.report, s.target, p.settings), "link": link}
     path = s.store.save_report(s.target.name, report, kind="bench", run=s.run)
     if json_:
         output.print_json(report)
@@ -249,26 +271,31 @@ def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
     "report": "a bench report file or glob, or `published` (repeatable; default: the newest "
               "reports/<host>/bench-*.json of each host)",
     "html": "where to write the page (default reports/compare.html; its PNG goes beside it)",
-    "json": "print the rows as JSON"})
+    "json": "print the rows as JSON and write no page"})
 @reports_errors
 def compare(c: Context, report: list[str] | None = None, html: str | None = None,
             json_: bool = False) -> None:
     """Local: join saved bench reports with each host's price_per_hour and currency from its
     inventory; print a table sorted by value for money and write an HTML page with a chart.
 
-    Example: gpu-provision compare --report 'reports/*/bench-*.json'
+    With --json it only prints: no page, no PNG. Example: gpu-provision compare --report
+    'reports/*/bench-*.json'
     """
+    from .compare import find_reports, price_of, rows
+    from .store import Store
+
     store = Store()
     loaded = find_reports(store, report or [])
     table = rows(loaded, price_of)
     notes = sorted({r["published"] for _, r in loaded if r.get("published")})
-    page = Path(html) if html else store.reports_dir / "compare.html"
-    png = chart.write(table, page, notes)
     if json_:
         output.print_json([r.as_json() for r in table])
-    else:
-        output.compare_table(table, notes)
-        output.console.print(f"wrote {page} and {png}")
+        return
+    from . import chart
+    page = Path(html) if html else store.reports_dir / "compare.html"
+    png = chart.write(table, page, notes)
+    output.compare_table(table, notes)
+    output.console.print(f"wrote {page} and {png}", markup=False)
 
 
 def _apply_only(c: Context, names: set[str], o: Overrides) -> None:
@@ -277,36 +304,39 @@ def _apply_only(c: Context, names: set[str], o: Overrides) -> None:
     output.steps_table(applied)
 
 
-@task(name="conda")
+@task(name="conda", help=_help("recipe", "platform"))
 @reports_errors
 def conda_task(c: Context, recipe: str | None = None, platform: str | None = None) -> None:
     """Install Miniconda from the mirror (sha256 checked) with .condarc and pip.conf, if missing."""
-    _apply_only(c, {"conda"}, Overrides(recipe=recipe, platform=platform))
+    _apply_only(c, {"conda"}, _overrides(recipe=recipe, platform=platform))
 
 
-@task(name="env", help={"python": "env Python, e.g. 3.11", "env_name": "conda env name"})
+@task(name="env", help=_help("python", "env_name", "recipe", "platform"))
 @reports_errors
 def env_task(c: Context, python: str | None = None, env_name: str | None = None,
              recipe: str | None = None, platform: str | None = None) -> None:
     """Create the conda env (or adopt the platform's), if missing."""
-    _apply_only(c, {"env"}, Overrides(python=python, env_name=env_name, recipe=recipe,
-                                      platform=platform))
+    _apply_only(c, {"env"}, _overrides(python=python, env_name=env_name, recipe=recipe,
+                                       platform=platform))
 
 
-@task(name="torch", help={"torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'",
-                          "cuda_compat": "strict (default) or minor"})
+@task(name="torch", help=_help("torch", "cuda_compat", "recipe", "platform"))
 @reports_errors
 def torch_task(c: Context, torch: str | None = None, cuda_compat: str | None = None,
                recipe: str | None = None, platform: str | None = None) -> None:
     """Install the chosen torch build (and the recipe's packages) into the env, if needed."""
-    _apply_only(c, {"torch", "packages"}, Overrides(torch=torch, cuda_compat=cuda_compat,
-                                                    recipe=recipe, platform=platform))
+    _apply_only(c, {"torch", "packages"}, _overrides(torch=torch, cuda_compat=cuda_compat,
+                                                     recipe=recipe, platform=platform))
+
+
+DRIVER_STEPS = ("driver", "driver-hold", "fabric-manager")
 
 
 @task(name="driver")
 @reports_errors
 def driver_task(c: Context) -> None:
-    """Install the NVIDIA driver where missing or too old (hosts we may touch), then hold it.
+    """Install the NVIDIA driver where missing or too old (hosts we may touch), then hold it;
+    on NVSwitch boards, the fabric manager of exactly the driver's version, running.
 
     Reboots only when the module cannot load otherwise, requires a new boot id, and verifies
     nvidia-smi before holding the packages.
@@ -315,24 +345,30 @@ def driver_task(c: Context) -> None:
     """
     with _session(c) as s:
         p = s.plan()
-        if not any(x.name == "driver" for x in p.steps):
-            decision = next(d for d in p.decisions if d.step == "driver")
-            output.console.print(f"{s.target.name}: driver: nothing to do - {decision.reason}")
+        if not any(x.name in DRIVER_STEPS and x.changes for x in p.steps):
+            for d in p.decisions:
+                if d.step in DRIVER_STEPS:
+                    output.console.print(f"{s.target.name}: {d.step}: nothing to do - {d.reason}",
+                                         markup=False)
             if p.blocked:
                 raise ProvisionError(f"{s.target.name}: {p.blocked}")
             return
-        applied = s.apply(p, only={"driver", "driver-hold"})
+        applied = s.apply(p, only=set(DRIVER_STEPS))
     output.steps_table(applied)
 
 
-@task(help={"driver": "NVIDIA driver version, e.g. 550.54.14 (omit: no GPU)",
-            "compute_cap": "compute capability per GPU, comma separated: 8.6,12.0",
+SMI_CAP = "nvidia-smi --query-gpu=compute_cap --format=csv,noheader"
+
+
+@task(help={"driver": "NVIDIA driver version, e.g. 550.54.14 (omit, with --compute-cap, for a "
+                      "host without a GPU)",
+            "compute_cap": f"compute capability per GPU, comma separated: 8.6,12.0 ({SMI_CAP})",
             "python": "Python version of the env (default 3.11)",
             "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6' (default newest)",
             "cuda_compat": "strict (default) or minor (NVIDIA minor-version compatibility)",
             "glibc": "the host's glibc, e.g. 2.17 on CentOS 7",
             "index": "PyTorch index prefix holding <variant>/ (a mirror)",
-            "json": "print one JSON object"})
+            "json": "print one JSON object (on failure: {\"error\", \"exit_code\"})"})
 @reports_errors
 def pick(c: Context, driver: str | None = None, compute_cap: str | None = None,
          python: str = "3.11", torch: str | None = None, cuda_compat: str = "strict",
@@ -341,10 +377,10 @@ def pick(c: Context, driver: str | None = None, compute_cap: str | None = None,
 
     Example: gpu-provision pick --driver 550.54.14 --compute-cap 8.9 --python 3.10 --json
     """
-    caps = [x for x in (compute_cap or "").split(",") if x.strip()]
-    if caps and not driver:
-        raise ProvisionError("--compute-cap given without --driver: a GPU needs a driver "
-                             "(omit both for a host without a GPU)")
+    from .compat import choose_torch
+    from .pickargs import check_pick
+
+    caps = check_pick(driver, compute_cap, python, torch, cuda_compat, glibc, index)
     choice = choose_torch(driver=driver, compute_caps=caps, python=python, torch=torch,
                           cuda_compat=cuda_compat, glibc=glibc, index=index)
     if json_:
@@ -353,7 +389,8 @@ def pick(c: Context, driver: str | None = None, compute_cap: str | None = None,
         output.choice_text(choice)
 
 
-@task(name="refresh-compat", help={"index": "PyTorch index prefix (default pytorch.org)",
+@task(name="refresh-compat", help={"index": "PyTorch index prefix, an http(s) URL (default "
+                                            "https://download.pytorch.org/whl)",
                                    "json": "print the diff as JSON",
                                    "write": "write the refreshed compat YAML to this file"})
 @reports_errors
@@ -365,10 +402,16 @@ def refresh_compat(c: Context, index: str | None = None, json_: bool = False,
 
     Example: gpu-provision refresh-compat --write compat-new.yaml
     """
+    from . import validators
+    problem = validators.url(index) if index is not None else None
+    if problem:
+        raise UsageError(f"--index: {problem}, e.g. https://download.pytorch.org/whl")
+    from .refresh import refresh, write_refreshed
+
     diff, new, notes, base = refresh(index)
     if write:
         write_refreshed(Path(write), new, notes, base)
-        output.err_console.print(f"wrote {write} ({len(notes)} change(s))")
+        output.err_console.print(f"wrote {write} ({len(notes)} change(s))", markup=False)
     if json_:
         output.print_json({"added": diff.added, "removed": diff.removed,
                            "python_changed": diff.python_changed})
@@ -376,16 +419,17 @@ def refresh_compat(c: Context, index: str | None = None, json_: bool = False,
         output.console.print("the wheel data matches the index")
     else:
         for line in diff.lines():
-            output.console.print(line)
+            output.console.print(line, markup=False)
 
 
-@task(help={})
+@task
 @reports_errors
 def repin(c: Context) -> None:
     """Accept the host's current SSH key, replacing the pinned one (after a rebuild or reuse).
 
     Example: gpu-provision -H root@203.0.113.10:2222 repin
     """
+    from .connection import connect
     connect(target_of(c), notify=_notify, replace_key=True).close()
 
 
@@ -396,11 +440,14 @@ def forget_secrets(c: Context) -> None:
 
     Example: gpu-provision -H my-4090 forget-secrets
     """
-    s: Session
+    from .bootstrap import run_step
+    from .ops.secrets import forget_secrets_step
+
     with _session(c) as s:
         names = run_step(s.ex, forget_secrets_step(), s.run, output.console).data
     output.console.print(f"{s.target.name}: removed {names} from the host"
-                         if names else f"{s.target.name}: no pushed tokens to remove")
+                         if names else f"{s.target.name}: no pushed tokens to remove",
+                         markup=False)
 
 
 @task(help={"pubkey": "public key to install (default: the inventory's key + .pub, else "
@@ -412,17 +459,22 @@ def authorize(c: Context, pubkey: str | None = None, password_env: str | None = 
 
     Example: gpu-provision -H root@203.0.113.10:22 authorize -i ~/.ssh/id_ed25519
     """
+    from .authorize import authorize_key
     target = target_of(c)
     text = authorize_key(target, pubkey, password_env or target.password_env, _notify)
-    output.console.print(f"{target.name}: {text}")
+    output.console.print(f"{target.name}: {text}", markup=False)
 
 
 @task(name="forget-host-key")
 @reports_errors
 def forget_host_key(c: Context) -> None:
     """Remove the host's pinned SSH key from our known_hosts file."""
+    from .connection import forget_pin, known_hosts_path
     target = target_of(c)
     found = forget_pin(target)
     output.console.print(f"{target.pin_name}: {'forgotten' if found else 'was not pinned'} "
-                         f"({known_hosts_path()})")
+                         f"({known_hosts_path()})", markup=False)
 
+
+from .tasks_data import autostop, cost, sync  # noqa: E402,F401
+from .tasks_jobs import jobs, kill, logs, run, watch  # noqa: E402,F401

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from urllib.parse import urlparse
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?"
                         r"([<>=!~]=?[A-Za-z0-9.*+!]+(,[<>=!~]=?[A-Za-z0-9.*+!]+)*)?$")
@@ -50,6 +48,7 @@ def torch_spec(value: str) -> str | None:
     v = value.strip()
     if re.fullmatch(r"\d+(\.\d+){0,2}", v):
         return None
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet  # only ranges need it
     try:
         SpecifierSet(v)
     except InvalidSpecifier:
@@ -92,9 +91,18 @@ def env_vars(values: list[str]) -> str | None:
     return next((p for p in map(env_var, values) if p), None)
 
 
+GPU_CLAIM_RE = re.compile(r"(?P<model>[A-Za-z0-9][A-Za-z0-9 ._()/+-]*?)(?:\s*[x×]\s*(?P<count>[1-9]\d*))?")
+
+
 def gpu_claim(value: str) -> str | None:
-    if not re.fullmatch(r".*\S( x\s*\d+)?", value):
-        return f"{value!r}: write the advertised GPU as 'RTX 4090 x1'"
+    """The GPU that was advertised: a model, then ``x`` and how many (``RTX 4090 x2``)."""
+    text = value.strip()
+    m = GPU_CLAIM_RE.fullmatch(text)
+    count_first = re.match(r"(\d+\s*[x×]|[x×]\s*\d+)(\s|$)", text)  # "2x RTX 4090", "x2"
+    bad_count = re.search(r"\s[x×]\s*\S*$", text) and not (m and m.group("count"))  # x0, x, x two
+    if m is None or count_first or bad_count:
+        return (f"{value!r} is not a GPU claim: write the model as nvidia-smi names it, then x and "
+                "the count, e.g. 'RTX 4090 x2' (x1 when there is one)")
     return None
 
 

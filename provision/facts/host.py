@@ -14,6 +14,15 @@ import yaml
 
 from ..compat import dotted, load_compat, parse_compute_cap
 from .cuda import parse_nvcc
+from .fabric import (
+    FabricManager,
+    FabricState,
+    nvlink5_board,
+    parse_fabric_manager,
+    parse_fabric_states,
+    parse_nvswitches,
+)
+from .network import NetAddress, parse_default_route, parse_ip_addr
 from .nvidia import (
     STATE_TEXT,
     Gpu,
@@ -30,6 +39,7 @@ from .nvidia import (
 from .osinfo import OsRelease, parse_os_release
 from .pci import PciGpu, parse_lspci
 from .platform import PlatformMarkers, Virtualization, detect_platform, detect_virtualization
+from .torchindex import IndexCache, parse_index_cache
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,14 @@ class HostFacts:
     nvidia_output: str = ""  # nvidia-smi's own words when it failed (what doctor matches)
     step_logs: Mapping[str, str] = field(default_factory=dict)  # step -> tail of its host log
     now: float = 0.0  # the host's clock (epoch seconds) when the facts were read
+    addresses: tuple[NetAddress, ...] = ()  # every interface's addresses (ip -o addr show)
+    default_iface: str | None = None  # the interface of the default route
+    torch_index: tuple[IndexCache, ...] = ()  # what the PyTorch mirror served when last read
+    own_envs: tuple[str, ...] = ()  # env prefixes gpu-provision created (their marker file)
+    nvswitches: tuple[str, ...] = ()  # PCI slots of NVIDIA NVSwitch functions (class 0680)
+    nvlink5: str | None = None  # "8x B200": NVSwitches behind ConnectX-7 (no PCI function)
+    fabric_manager: FabricManager | None = None  # None: not installed
+    fabric: tuple[FabricState, ...] = ()  # per GPU, where the driver reports it
     uv_versions: tuple[str, ...] = ()  # our uv in ~/.gpu-provision/tools (ops/installer.py)
 
     @property
@@ -245,8 +263,10 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         q_out, q_rc = _out(probes, "smi_query_nocc")
         state = parse_failure(q_out, q_rc)
         if state is None:
-            gpus = tuple(g.__class__(**{**asdict(g), "compute_cap": cc_from_name(g.name)})
-                         for g in parse_query_gpu(q_out))
+            gpus = parse_query_gpu(q_out)
+    # a driver without the field, or one answering [N/A] for it: the model's, from its name
+    gpus = tuple(g if g.compute_cap else g.__class__(**{**asdict(g), "compute_cap": cc_from_name(g.name)})
+                 for g in gpus)
     detail = STATE_TEXT[state or "ok"]
     if state == "nvml_mismatch":
         lib = nvml_library_version(q_out)
@@ -336,6 +356,15 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         nvidia_output=q_out.strip()[:4000] if state not in (None, "no_driver") else "",
         step_logs=parse_step_logs(_ok(probes, "step_logs") or ""),
         now=float((_ok(probes, "now") or "0").strip() or 0),
+        addresses=parse_ip_addr(_ok(probes, "net_addrs") or ""),
+        default_iface=parse_default_route(_ok(probes, "net_route") or ""),
+        torch_index=parse_index_cache(_ok(probes, "torch_index") or ""),
+        own_envs=tuple(ln.strip() for ln in (_ok(probes, "own_envs") or "").splitlines()
+                       if ln.strip()),
+        nvswitches=parse_nvswitches(_ok(probes, "lspci") or ""),
+        nvlink5=nvlink5_board(parse_lspci(_ok(probes, "lspci") or "")),
+        fabric_manager=parse_fabric_manager(_ok(probes, "fabric_manager") or ""),
+        fabric=parse_fabric_states(*_out(probes, "fabric")),
         uv_versions=tuple(ln.strip() for ln in (_ok(probes, "uv_tools") or "").splitlines()
                           if ln.strip()),
     )

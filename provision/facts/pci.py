@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_CLASS = re.compile(r"^(?P<slot>[0-9a-fA-F:.]+)\s+(?P<cls>VGA compatible controller|3D controller|"
+_CLASS = re.compile(r"^(?P<slot>[0-9a-fA-F:./]+)\s+(?P<cls>VGA compatible controller|3D controller|"
                     r"Display controller)(?: \[03\d\d\])?: (?P<desc>.*)$")
 
 

@@ -36,8 +36,18 @@ def layout(facts: HostFacts, settings: Settings, platform: Platform) -> Layout:
     roots = [c.removesuffix("/bin/conda") for c in facts.conda]
     prefix = expand_home(platform.conda_prefix, facts.home) if platform.conda_prefix else None
     root = prefix if prefix in roots else (roots[0] if roots else prefix or f"{facts.home}/miniconda3")
-    adopt = platform.adopt_env
+    # an env name set on the command line or in the inventory is one of ours, even where the
+    # platform ships an env to adopt
+    adopt = None if settings.asked_by_user("env_name") else platform.adopt_env
     return Layout(conda_root=root, env_name=adopt or settings.env_name, adopted=bool(adopt))
+
+
+def ours(lay: Layout, settings: Settings) -> Layout:
+    """An env of ours beside the platform's, in the same conda (the platform's env stays as
+    it is)."""
+    name = settings.env_name if settings.env_name != lay.env_name and settings.env_name != "base" \
+        else "torch"
+    return Layout(conda_root=lay.conda_root, env_name=name, adopted=False)
 
 
 def find_env(facts: HostFacts, lay: Layout) -> CondaEnv | None:

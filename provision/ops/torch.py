@@ -1,76 +1,193 @@
-"""torch from the chosen PyTorch index only (checked by importing it), then the recipe's packages
-with torch pinned."""
+"""torch: what is there is kept only when it passes the wheel rule, else the newest release the
+rule allows AND the configured mirror serves is installed from the PyTorch index (checked by
+importing it); then the recipe's packages with torch pinned.
+
+The mirror is read on the host by the torch step itself (facts stay one execution): the step
+is given every candidate the rule allows, best first, reads the index pages of their variants
+(PEP 691 JSON where offered, else PEP 503 HTML), installs the first one served, and leaves what
+it read in ``~/.gpu-provision/index/``. The facts read that cache back, so later plans choose
+among what the mirror serves and say when it lags. What was installed may differ from the
+plan's choice, so the step settles: the engine re-reads the facts and re-plans, and the torch
+now there passes the rule and is kept (nothing left to do).
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..compat import TorchChoice
+from packaging.version import InvalidVersion, Version
+
+from .. import simpleindex
+from ..compat import BuildCheck, TorchChoice, check_installed, installed_choice, torch_spec
 from ..errors import ProvisionError
-from ..facts.host import CondaEnv, HostFacts
+from ..facts.host import CondaEnv, HostFacts, cc_from_name
 from ..inventory import Settings
+from ..paths import package_source
 from ..templating import render
 from .conda import MIRROR_TIMEOUT, configured_pypi, listed
 from .installer import choose_installer
 from .layout import INTERRUPTED, Layout, find_env
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
-
-def torch_requirements(choice: TorchChoice, settings: Settings) -> list[str]:
-    reqs = [f"torch=={choice.torch}"]
-    if settings.domain_libraries:
-        reqs += [f"{name}=={ver}" for name, ver in (("torchvision", choice.torchvision),
-                                                     ("torchaudio", choice.torchaudio)) if ver]
-    return reqs
+INDEX_DIR = ".gpu-provision/index"  # under the host's $HOME: what the mirror served
 
 
-def torch_matches(env: CondaEnv | None, choice: TorchChoice) -> bool:
-    """The env's torch is the chosen release and build (PyPI-named CUDA builds have no +cuXXX)."""
-    if env is None or env.torch is None:
-        return False
-    return env.torch.split("+")[0] == choice.torch and env.torch_cuda == choice.cuda_version
+def host_gpus(facts: HostFacts) -> list[tuple[str, str]]:
+    """(name, compute capability or "") per GPU: nvidia-smi's, else the PCI bus's by name."""
+    if facts.gpus:
+        return [(g.name, g.compute_cap or cc_from_name(g.name) or "") for g in facts.gpus]
+    if facts.pci_gpus:
+        return [(g.name, cc_from_name(g.name) or "") for g in facts.pci_gpus]
+    return [("the GPU", "")] if facts.has_nvidia_gpu else []
 
 
-def read_torch(choice: TorchChoice, result: Any) -> Outcome:
-    """The installed build must be the chosen one: same release, same CUDA (the body imported
-    it and reported ``{"version", "cuda"}``)."""
+def judge_env_torch(facts: HostFacts, settings: Settings, env: CondaEnv) -> BuildCheck:
+    """May the torch in ``env`` stay? The rule (a CUDA build on a GPU host, its CUDA within the
+    driver's, kernels for every GPU) and a pinned ``torch:``, which it must match."""
+    assert env.torch is not None
+    driver = facts.driver if facts.nvidia_state == "ok" else None
+    check = check_installed(env.torch, env.torch_cuda, driver, facts.driver_cuda,
+                            host_gpus(facts), settings.cuda_compat)
+    if not check.ok or not settings.torch:
+        return check
+    try:
+        pinned = Version(env.torch.partition("+")[0]) in torch_spec(settings.torch)
+    except InvalidVersion:
+        pinned = False
+    if not pinned:
+        return BuildCheck(False, f"torch {env.torch} is not the torch {settings.torch} asked "
+                                 f"({settings.how_asked('torch')})")
+    return check
+
+
+def candidates_json(candidates: tuple[TorchChoice, ...], settings: Settings
+                    ) -> list[dict[str, Any]]:
+    """What the step and ``simpleindex.pick`` take: companions only when the recipe wants them."""
+    libs = settings.domain_libraries
+    return [{"torch": c.torch, "variant": c.cuda,
+             "torchvision": c.torchvision if libs else None,
+             "torchaudio": c.torchaudio if libs else None} for c in candidates]
+
+
+def _ago(facts: HostFacts, at: float) -> str:
+    minutes = max(0, int((facts.now - at) // 60)) if facts.now else 0
+    return f"{minutes} min ago" if minutes < 120 else f"{minutes // 60} h ago"
+
+
+@dataclass(frozen=True)
+class MirrorChoice:
+    choice: TorchChoice
+    note: str  # what the plan says about the mirror
+
+
+def mirror_choice(facts: HostFacts, settings: Settings, candidates: tuple[TorchChoice, ...],
+                  python: str) -> MirrorChoice:
+    """The first candidate the mirror serves by its cached answer; a variant not read yet is
+    taken as served (the step confirms it before installing)."""
+    bases = [b.rstrip("/") for b in settings.mirrors.pytorch]
+    arch = facts.arch or "x86_64"
+    cached = [c for c in facts.torch_index if c.base in bases and c.arch in ("", arch)]
+    tag = "cp" + python.replace(".", "")
+    rc, cand, note = simpleindex.pick(candidates_json(candidates, settings),
+                                      [c.as_entry() for c in cached], tag)
+    if rc == simpleindex.NONE_SERVED or cand is None:
+        newest = max(c.at for c in cached)
+        return MirrorChoice(candidates[0], f"{note} (read {_ago(facts, newest)}; the torch step "
+                                           "reads it again and stops if it still has none)")
+    pos = next(i for i, c in enumerate(candidates)
+               if (c.torch, c.cuda) == (cand["torch"], cand["variant"]))
+    choice = candidates[pos]
+    if rc == simpleindex.NEED_MORE:
+        return MirrorChoice(choice, f"the step confirms {choice.label} against the mirror "
+                                    f"({listed(settings.mirrors.pytorch)}) before installing")
+    at = max(c.at for c in cached if c.variant == choice.cuda)
+    if note:
+        return MirrorChoice(choice, f"{note} (read {_ago(facts, at)})")
+    return MirrorChoice(choice, f"the mirror serves it (read {_ago(facts, at)})")
+
+
+def read_torch(candidates: tuple[TorchChoice, ...], result: Any) -> Outcome:
+    """The installed build must be one of the candidates: the body imported it and reported
+    ``{"version", "cuda", "index", "note"}``."""
     got = dict_result(result, "torch")
-    want = choice.cuda_version
-    if str(got.get("version", "")).split("+")[0] != choice.torch or got.get("cuda") != want:
+    release = str(got.get("version", "")).split("+")[0]
+    if not any(release == c.torch and got.get("cuda") == c.cuda_version for c in candidates):
+        want = ", ".join(c.label for c in candidates[:3]) + (", ..." if len(candidates) > 3 else "")
+        where = f"the index {got['index']}" if got.get("index") else "the index"
         raise ProvisionError(f"installed torch {got.get('version')} (CUDA {got.get('cuda')}) is "
-                             f"not the chosen {choice.label} (CUDA {want}); the index "
-                             f"{choice.index_url} served another build")
+                             f"none of the builds the rule allows ({want}); {where} served "
+                             "another build")
     return Outcome(data=got)
 
 
-def torch_step(facts: HostFacts, settings: Settings, lay: Layout, choice: TorchChoice) -> Step:
-    env = find_env(facts, lay)
+def confirm_torch(prefix: str, facts: HostFacts) -> str:
+    """After the install, on fresh facts: the env has a torch (the re-plan then keeps it)."""
+    env = next((e for e in facts.envs if e.prefix == prefix), None)
+    if env is None or env.torch is None:
+        raise ProvisionError(f"after the torch step no torch is importable in {prefix}; see "
+                             "~/.gpu-provision/logs/torch.log on the host")
+    return f"torch {env.torch} (CUDA {env.torch_cuda or 'none'}) installed in {prefix}"
+
+
+def torch_step(facts: HostFacts, settings: Settings, lay: Layout,
+               candidates: tuple[TorchChoice, ...], python: str, fresh_env: bool = False,
+               why: str = "") -> tuple[Step, TorchChoice]:
+    """The torch step and the build the host will then have (what validation expects).
+
+    ``candidates``: what the rule allows, best first; ``python``: the env's; ``fresh_env``: the
+    env step makes the env anew (what is in it now goes); ``why``: what the plan already said
+    about the torch that stays elsewhere (the platform's)."""
+    env = None if fresh_env else find_env(facts, lay)
     repair = "torch" in facts.interrupted
-    if torch_matches(env, choice) and not repair:
-        return nothing("torch", f"{choice.label} already installed")
-    if lay.adopted and env is not None and env.torch and not settings.torch:
-        return nothing("torch", f"keep the platform's torch {env.torch} (set torch: in the "
-                                f"recipe or inventory to replace it; the rule says {choice.label})")
-    reqs = torch_requirements(choice, settings)
-    indexes = tuple(f"{b.rstrip('/')}/{choice.cuda}" for b in settings.mirrors.pytorch)
-    body = render("torch.sh.j2", python_bin=lay.python_bin, requirements=reqs, indexes=indexes,
+    mc = mirror_choice(facts, settings, candidates, python)
+    choice = mc.choice
+    replace = ""
+    if env is not None and env.torch and not repair:
+        check = judge_env_torch(facts, settings, env)
+        if check.ok:
+            kept = installed_choice(env.torch, env.torch_cuda, settings.mirrors.pytorch[0],
+                                    check.reason)
+            if (kept.torch, kept.cuda_version) == (choice.torch, choice.cuda_version):
+                reason = f"{choice.label} already installed"
+            else:
+                reason = (f"keep torch {env.torch}: {check.reason} (the newest the rule allows "
+                          f"here is {candidates[0].label}; set torch: to change it)")
+            mirror = f"; {mc.note}" if "has no" in mc.note else ""
+            return nothing("torch", reason + mirror), kept
+        replace = f"replace: {check.reason}; "
+    cands = candidates_json(candidates, settings)
+    bases = tuple(b.rstrip("/") for b in settings.mirrors.pytorch)
+    body = render("torch.sh.j2", python_bin=lay.python_bin, bases=bases,
+                  variants=list(dict.fromkeys(c["variant"] for c in cands)),
+                  projects=[p for p in simpleindex.PROJECTS
+                            if any(c.get(p) for c in cands) or p == "torch"],
+                  candidates=json.dumps(cands), index_dir=INDEX_DIR, accept=simpleindex.ACCEPT,
+                  simpleindex=package_source("simpleindex.py"),
                   mirror_timeout=MIRROR_TIMEOUT, repair=repair,
                   **choose_installer(facts, settings).template_vars())
-    return Step("torch", INTERRUPTED if repair else "; ".join(choice.reasons),
-                action=f"install {choice.label}", body=body,
-                inputs=inputs_hash(reqs=reqs, index=indexes), repair=repair,
-                read=partial(read_torch, choice))
+    reason = INTERRUPTED if repair else \
+        f"{why}{replace}{'; '.join(choice.reasons)}; {mc.note}"
+    step = Step("torch", reason, action=f"install {choice.label}", body=body,
+                inputs=inputs_hash(candidates=cands, bases=bases), repair=repair,
+                read=partial(read_torch, candidates),
+                settle=partial(confirm_torch, lay.env_prefix))
+    return step, choice
 
 
-def packages_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
+def packages_step(facts: HostFacts, settings: Settings, lay: Layout,
+                  fresh_env: bool = False) -> Step:
+    """``fresh_env``: the env step makes the env anew, so what the journal says was installed
+    goes with the old one."""
     if not settings.packages:
         return nothing("packages", f"recipe {settings.recipe} adds no packages")
     pypi = settings.mirrors.pypi
     h = inputs_hash(packages=settings.packages, pypi=pypi)
     done = facts.journal.get("packages", {})
     if done.get("inputs") == h and done.get("result") == "ok" and find_env(facts, lay) \
-            and "packages" not in facts.interrupted:
+            and "packages" not in facts.interrupted and not fresh_env:
         return nothing("packages", f"{' '.join(settings.packages)} installed (journal)")
     body = render("packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
                   pypi=configured_pypi(settings), mirror_timeout=MIRROR_TIMEOUT,

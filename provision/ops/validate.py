@@ -17,7 +17,7 @@ from ..inventory import Settings, Target
 from ..paths import data_file, templates_dir
 from ..templating import render
 from .conda import configured_pypi
-from .layout import Layout, expand_home, find_env
+from .layout import Layout, expand_home
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
 REVALIDATE_AFTER = 6 * 3600  # seconds: an unchanged host is measured again after this long
@@ -100,10 +100,7 @@ def verify_expectations(facts: HostFacts, lay: Layout, settings: Settings,
                         choice: TorchChoice | None) -> dict[str, Any]:
     """What the shipped testinfra suite (provision/verify) checks the host against; kept on the
     host as ~/.gpu-provision/expected.json so `pytest --hosts=...` needs nothing else."""
-    env = find_env(facts, lay)
-    torch, cuda = (choice.torch, choice.cuda_version) if choice else (None, None)
-    if lay.adopted and env is not None and env.torch and not settings.torch:  # the platform's kept
-        torch, cuda = env.torch.split("+")[0], env.torch_cuda
+    torch, cuda = (choice.torch, choice.cuda_version) if choice else (None, None)  # kept or new
     ours = f"{lay.conda_root}/bin/conda" not in facts.conda or \
         facts.journal.get("conda", {}).get("result") == "ok"  # we wrote .condarc and pip.conf
     return {"conda_root": lay.conda_root, "env_prefix": lay.env_prefix,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ def captured(name: str, probes: Mapping[str, Any] | None = None) -> HostFacts:
     return parse_facts(raw(name, probes), markers_of(all_platforms()))
 
 
+@cache  # plans are frozen values: the tests that read a case share one
 def case_plan(path: Path) -> tuple[dict[str, Any], Plan]:
     """A plan case file (tests/cases/plan/*.yaml) and the plan made from it.
 

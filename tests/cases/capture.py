@@ -24,7 +24,7 @@ import yaml
 from provision.command import bash_script
 from provision.gather import data_dirs, facts_script
 from provision.recipes import all_platforms
-from tests.sandbox import harness
+from tests.sandbox import harness, mirror
 
 OUT = Path(__file__).resolve().parent / "facts"
 
@@ -43,6 +43,11 @@ def raw_facts(info: harness.HostInfo) -> dict[str, object]:
         client.close()
 
 
+# The local mirror listens on this port while capturing, so that case files do not change with
+# the port a mirror happened to get (its URLs are in hashes the host's journal keeps).
+MIRROR_PORT = "8080"
+
+
 def provision(info: harness.HostInfo, task: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, GPU_PROVISION_HOME=tmp)
@@ -59,6 +64,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    mirror.stop()  # started again on MIRROR_PORT by the first host
+    os.environ["GPU_SANDBOX_MIRROR_PORT"] = MIRROR_PORT
     for spec in a.specs:
         profile, _, state = spec.partition(":")
         info = harness.start(profile)

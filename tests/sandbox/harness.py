@@ -326,6 +326,9 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
             nvsmi = up / "usr/bin/nvidia-smi"
             nvsmi.parent.mkdir(parents=True, exist_ok=True)
             nvsmi.symlink_to("/usr/local/lib/gpu-sandbox/standin.py")
+    if profile.get("fabric_manager") is not None:  # an NVSwitch board (standin_fabric.py)
+        from .standin_fabric import prepare as nvswitch_board
+        nvswitch_board(up, lib, state, profile["fabric_manager"], FIXTURES)
     _write(lib / "state.json", json.dumps(state, indent=1))
     _write(lib / "calls.log", "")
 
@@ -443,6 +446,9 @@ def start(profile_name: str, password: str | None = None, reboot_delay: float = 
     (root / "info.json").write_text(json.dumps(asdict(info), indent=1))
     if profile.get("conda_prefix"):
         mirror.preinstall_conda(info, profile["conda_prefix"])
+    if profile.get("platform_torch"):
+        from .platform_env import install_platform_torch
+        install_platform_torch(info, profile["conda_prefix"], profile["platform_torch"])
     return info
 
 

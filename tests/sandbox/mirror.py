@@ -475,8 +475,8 @@ def ensure() -> dict[str, str]:
     root = sf.parent
     root.mkdir(parents=True, exist_ok=True)
     (root / "ready").unlink(missing_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    with socket.socket() as s:  # a fixed port where asked (captures name the mirror by it)
+        s.bind(("127.0.0.1", int(os.environ.get("GPU_SANDBOX_MIRROR_PORT", "0"))))
         port = s.getsockname()[1]
     log = open(root / "mirror.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "tests.sandbox.mirror", "serve", str(root),

@@ -256,6 +256,13 @@ def apt_get(args: list[str], st: dict) -> int:
     if verb in ("install", "reinstall", "remove", "purge"):
         print("Reading package lists...\nBuilding dependency tree...\nReading state information...")
         cat = {p.name: p for p in catalog()}
+        cat.update(listed(st, pkgs))
+        wrong = [s for s in pkgs if "=" in s and apt_name(s) in cat
+                 and cat[apt_name(s)].version != s.split("=", 1)[1]]
+        if wrong:
+            err(*(f"E: Version '{s.split('=', 1)[1]}' for '{apt_name(s)}' was not found"
+                  for s in wrong))
+            return 100
         missing = [s for s in pkgs if apt_name(s) not in cat]
         if missing:
             err(*(f"E: Unable to locate package {s}" for s in missing))
@@ -265,6 +272,9 @@ def apt_get(args: list[str], st: dict) -> int:
                 installed(st).pop(apt_name(s), None)
             return 0
         db = installed(st)
+        for s in pkgs:  # another version of one asked by version is replaced
+            if "=" in s and apt_name(s) in db and db[apt_name(s)]["version"] != cat[apt_name(s)].version:
+                db.pop(apt_name(s))
         for s in pkgs:
             if apt_name(s) in db:
                 print(f"{apt_name(s)} is already the newest version ({db[apt_name(s)]['version']}).")
@@ -275,6 +285,22 @@ def apt_get(args: list[str], st: dict) -> int:
         return 0
     err(f"E: Invalid operation {verb}")
     return 100
+
+
+def listed(st: dict, specs: list[str]) -> dict[str, Pkg]:
+    """Packages a profile lists by their captured ``apt-cache madison`` output (the fabric
+    manager's several builds in NVIDIA's repository): the build asked for, else the first listed."""
+    out: dict[str, Pkg] = {}
+    for spec in specs:
+        name = apt_name(spec)
+        listing = (st.get("fabric") or {}).get("madison", {}).get(name)
+        if not listing:
+            continue
+        versions = [ln.split("|")[1].strip() for ln in fixture(listing).splitlines() if "|" in ln]
+        want = spec.split("=", 1)[1] if "=" in spec else versions[0]
+        if want in versions:
+            out[name] = Pkg(f"{name} {want} repo=cuda")
+    return out
 
 
 def dpkg_query(args: list[str], st: dict) -> int:
@@ -711,6 +737,8 @@ def nvidia_smi(args: list[str], st: dict) -> int:
         if "compute_cap" in fields and gpu.get("no_compute_cap"):
             sys.stdout.write(fixture("fail-query-compute-cap-invalid-field.txt"))
             return 2
+        if "nounits" in fmt or loop_seconds(args) is not None:
+            return sample_rows(fields, fmt, gpu, drv, loop_seconds(args))
         out = io.StringIO()
         if "noheader" not in fmt:
             out.write(", ".join(gpu["units"].get(f, f) for f in fields) + "\n")
@@ -739,6 +767,47 @@ def nvidia_smi(args: list[str], st: dict) -> int:
         return 2
     sys.stdout.write(subst_versions(fixture(gpu["fixtures"]["table"]), st))
     return 0
+
+
+def loop_seconds(args: list[str]) -> float | None:
+    """``-l N`` / ``--loop=N`` (seconds) or ``-lms N`` / ``--loop-ms=N``: sample again and again."""
+    for i, a in enumerate(args):
+        for flag, scale in (("-l", 1.0), ("--loop", 1.0), ("-lms", 0.001), ("--loop-ms", 0.001)):
+            if a == flag and i + 1 < len(args):
+                return float(args[i + 1]) * scale
+            if a.startswith(flag + "="):
+                return float(a.split("=", 1)[1]) * scale
+    return None
+
+
+def sample_rows(fields: list[str], fmt: str, gpu: dict, drv: dict, loop: float | None) -> int:
+    """--query-gpu with nounits and/or a loop, as nvidia-smi prints them: the captured rows each
+    time (a sample of an idle GPU), the unit dropped from each cell whose header names one, and
+    the sample's own timestamp in nvidia-smi's format."""
+    units = {f: gpu["units"][f].rsplit("[", 1)[1].rstrip("]") for f in fields
+             if "[" in gpu["units"].get(f, "")}
+    while True:
+        now = time.time()
+        stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+        out = io.StringIO()
+        if "noheader" not in fmt:
+            out.write(", ".join(f if "nounits" in fmt else gpu["units"].get(f, f) for f in fields) + "\n")
+        for row in gpu["rows"]:
+            row = dict(row, driver_version=drv["loaded"], timestamp=stamp)
+            cells = [str(row.get(f, "[N/A]")) for f in fields]
+            if "nounits" in fmt:
+                cells = [c.removesuffix(" " + units[f]) if f in units else c
+                         for f, c in zip(fields, cells, strict=True)]
+            out.write(", ".join(cells) + "\n")
+        try:
+            sys.stdout.write(out.getvalue())
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader went away, as it ends nvidia-smi -l
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        if loop is None:
+            return 0
+        time.sleep(loop)
 
 
 def lspci(args: list[str], st: dict) -> int:
@@ -843,14 +912,107 @@ TOOLS = {"nvidia-smi": nvidia_smi, "lspci": lspci, "lsmod": lsmod, "modprobe": m
          "uname": uname, "update-initramfs": initramfs, "dracut": initramfs}
 
 
+# --- Stopping a rented machine (autostop): a power-off, and the rental platforms' APIs -----------
+
+SHUTDOWN_SCHEDULED = ("Shutdown scheduled for {when}, use 'shutdown -c' to cancel.\n")
+
+
+def shutdown(args: list[str], st: dict) -> int:
+    """systemd's shutdown(8): ``-r`` reboots (as ``reboot``); ``-c`` cancels a pending power-off;
+    otherwise a power-off ("now", or no time: in a minute, announced as systemd's
+    src/systemctl/systemctl-logind.c does). The sandbox host does not go down: the power-off is
+    recorded in state.json (``power_off``) for tests, beside the call in calls.log."""
+    if "-r" in args or "--reboot" in args:
+        return reboot(args, st)
+    if "-c" in args:
+        st.pop("power_off", None)
+        return 0
+    when = next((a for a in args if not a.startswith("-")), "+1")
+    if when != "now":
+        at = time.time() + 60 * int(when.lstrip("+") or 1) if when.startswith("+") else time.time()
+        sys.stderr.write(SHUTDOWN_SCHEDULED.format(
+            when=time.strftime("%a %Y-%m-%d %H:%M:%S UTC", time.gmtime(at))))
+    st["power_off"] = {"at": time.time(), "argv": args}
+    return 0
+
+
+# Each platform API autostop may call: (method, URL regex) -> (HTTP status, body) of a success,
+# with the response shapes their documentation gives (tests/fixtures/SOURCES.md, "Platform APIs").
+PLATFORM_API = [
+    ("PUT", r"https://console\.vast\.ai/api/v0/instances/(\d+)/", 200, '{"success": true}'),
+    ("DELETE", r"https://console\.vast\.ai/api/v0/instances/(\d+)/", 200, '{"success": true}'),
+    ("POST", r"https://rest\.runpod\.io/v1/pods/([A-Za-z0-9]+)/stop", 200, ""),
+    ("DELETE", r"https://rest\.runpod\.io/v1/pods/([A-Za-z0-9]+)", 200, ""),
+    ("POST", r"https://cloud\.lambda(?:labs\.com|\.ai)/api/v1/instance-operations/terminate", 200,
+     '{"data": {"terminated_instances": [{"id": "%s", "status": "terminating"}]}}'),
+]
+API_HOSTS = ("console.vast.ai", "rest.runpod.io", "cloud.lambdalabs.com", "cloud.lambda.ai")
+REAL_CURL = "/usr/bin/curl"
+
+
+def curl(args: list[str], st: dict) -> int:
+    """curl: requests to a rental platform's API are answered here (and recorded in calls.log as
+    tool "platform-api" with method, URL, Authorization header and body); anything else is the
+    real curl. Understands the options autostop uses: -X, -H (also @- and @file), --data-raw/-d,
+    -o, -w '%{http_code}', -s, -S, --max-time."""
+    url = next((a for a in args if a.startswith(("http://", "https://"))), "")
+    if not any(f"//{h}/" in url for h in API_HOSTS):
+        os.execv(REAL_CURL, ["curl", *args])
+    method, headers, body, out, fmt = "", [], None, None, ""
+    it = iter(args)
+    for a in it:
+        if a in ("-X", "--request"):
+            method = next(it)
+        elif a in ("-H", "--header"):
+            h = next(it)
+            if h.startswith("@"):
+                text = sys.stdin.read() if h == "@-" else open(h[1:]).read()
+                headers += [x for x in text.splitlines() if x.strip()]
+            else:
+                headers.append(h)
+        elif a in ("-d", "--data", "--data-raw"):
+            body = next(it)
+        elif a in ("-o", "--output"):
+            out = next(it)
+        elif a in ("-w", "--write-out"):
+            fmt = next(it)
+        elif a in ("--max-time", "-m"):
+            next(it)
+    method = method or ("POST" if body is not None else "GET")
+    auth = next((h.split(":", 1)[1].strip() for h in headers
+                 if h.lower().startswith("authorization:")), "")
+    log_call("platform-api", [method, url, auth, body or ""])
+    code, answer = 404, ""
+    for m, pattern, status, text in PLATFORM_API:
+        match = re.fullmatch(pattern, url)
+        if match and m == method:
+            code, answer = status, text
+            if "%s" in text:
+                ids = json.loads(body or "{}").get("instance_ids") or [""]
+                answer = text % ids[0]
+            break
+    if code == 200 and not re.fullmatch(r"Bearer \S+", auth):
+        code, answer = 401, ""
+    if out:
+        with open(out, "w") as f:
+            f.write(answer)
+    else:
+        sys.stdout.write(answer)
+    sys.stdout.write(fmt.replace("%{http_code}", str(code)))
+    return 0
+
+
+TOOLS.update({"shutdown": shutdown, "curl": curl})
+
+
 def main() -> int:
     tool = os.path.basename(sys.argv[0])
     args = sys.argv[1:]
     log_call(tool, args)
     if tool == "uname":  # no state: called often, and by ubuntu-drivers' apt-get under its lock
         return uname(args, {})
-    if tool in ("reboot", "shutdown"):  # like systemctl reboot: ask, and return at once
-        return reboot(args, {})
+    if tool == "reboot" or (tool == "shutdown" and ("-r" in args or "--reboot" in args)):
+        return reboot(args, {})  # like systemctl reboot: ask, and return at once
     if os.environ.get("GPU_SANDBOX_STATE_LOCKED") == "1":
         # run by ubuntu-drivers, which holds the state lock and saved the state for us
         os.environ.pop("GPU_SANDBOX_STATE_LOCKED")
@@ -862,6 +1024,9 @@ def main() -> int:
         os.replace(STATE + ".tmp", STATE)
         return rc
     st = State()
+    if tool == "nvidia-smi" and loop_seconds(args) is not None:
+        st.close()  # it samples until its reader goes: it must not hold the state's lock
+        return nvidia_smi(args, st.data)
     try:
         rc = TOOLS[tool](args, st.data)
         st.save()

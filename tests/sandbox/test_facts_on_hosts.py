@@ -219,4 +219,4 @@ def test_plan_text_changes_nothing(hosts: Hosts, gp_home: Path, profile: str, ch
 def test_plan_rejects_bad_cli_values(hosts: Hosts, gp_home: Path) -> None:
     info = hosts.get("cpu-only")
     r = gpu_provision("-H", info.inventory, "plan", "--env-name", "a b;rm -rf /", home=gp_home)
-    assert r.returncode == 1 and "--env-name: 'a b;rm -rf /' is not a valid name" in r.stderr
+    assert r.returncode == 2 and "--env-name: 'a b;rm -rf /' is not a valid name" in r.stderr  # a usage error

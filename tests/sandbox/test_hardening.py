@@ -4,7 +4,9 @@ masked and forgotten, hostile values that reach a shell leave the host unharmed.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,10 +49,53 @@ def test_authorize_installs_the_key_with_the_password_once(hosts: Hosts, gp_home
 
         wrong = gpu_provision("-H", target, "-i", str(tmp_path / "none"), "authorize",
                               home=gp_home, cwd=tmp_path)
-        assert wrong.returncode == 1 and "cannot read the public key" not in wrong.stderr
-        assert "no private key" in wrong.stderr
+        # a key file that is not there: a usage error, named before anything connects
+        assert wrong.returncode == 2 and "cannot read the public key" not in wrong.stderr
+        assert wrong.stderr == (f"error: -i {tmp_path / 'none'}: no such key file (give the "
+                                "private key to log in with)\n")
         logs = "".join(p.read_text() for p in tmp_path.rglob("*.log"))
         assert password not in logs + r.stdout + r.stderr
+    finally:
+        harness.stop(info.id)
+
+
+def test_password_login_from_the_prompt(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    """--prompt-for-login-password: the password is asked for once (a line of stdin when it is
+    not a terminal), used for every connection of the run, and shown nowhere; a wrong one is
+    auth refused in one line; verify on this never-bootstrapped host says so in one line."""
+    password = "pa ss'wo\"rd $(reboot)"
+    info = hosts.fresh("cpu-only", password=password)
+    target = f"root@{info.host}:{info.port}"
+    env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
+    env.update(GPU_PROVISION_HOME=str(gp_home), HOME=str(tmp_path), COLUMNS="200")
+
+    def run(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "provision", "--prompt-for-login-password",
+                               "-H", target, *args], input=stdin, capture_output=True,
+                              text=True, cwd=tmp_path, env=env, timeout=300,
+                              start_new_session=True)  # no terminal to ask on: stdin it is
+    try:
+        r = run("facts", "--json", stdin=password + "\n")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["boot_id"]
+        assert password not in r.stdout + r.stderr + "".join(
+            p.read_text(errors="replace") for p in tmp_path.rglob("*.log"))
+
+        wrong = run("facts", stdin="not the password\n")
+        assert wrong.returncode == 1
+        assert wrong.stderr.splitlines()[-1] == (
+            f"error: {target}: auth refused: root@{info.host} refused the agent's and "
+            f"~/.ssh/id_* keys and the password: pass the right key with -i KEY (or fix "
+            f"`key:`/`password_env:` in the inventory), or install your key with the password "
+            f"once: gpu-provision -H {target} authorize")
+
+        never = run("verify", stdin=password + "\n")
+        assert never.returncode == 1
+        assert never.stderr.splitlines()[-1] == (
+            f"error: {target}: this host was never bootstrapped by gpu-provision (no "
+            "~/.gpu-provision/expected.json), so there is nothing to verify; run: gpu-provision "
+            f"-H {target} bootstrap")
+        assert not (tmp_path / "reports").exists()  # no JUnit file for a suite that never ran
     finally:
         harness.stop(info.id)
 

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -18,17 +17,6 @@ from tests.conftest import ROOT, Hosts, gpu_provision
 from tests.sandbox import harness
 
 pytestmark = pytest.mark.sandbox
-
-
-def json_objects(text: str) -> list[dict[str, Any]]:
-    """The JSON objects printed one after another (whitespace between them, nothing else)."""
-    dec, out, pos = json.JSONDecoder(), [], 0
-    while pos < len(text.rstrip()):
-        while text[pos].isspace():
-            pos += 1
-        obj, pos = dec.raw_decode(text, pos)
-        out.append(obj)
-    return out
 
 
 def closed_port() -> int:
@@ -51,14 +39,18 @@ def test_three_hosts_and_a_dead_one(hosts: Hosts, gp_home: Path, program: str) -
     else:
         r = gpu_provision("-i", key, "-H", spec, "plan", "--json", home=gp_home)
     assert r.returncode == 1  # one host failed
-    assert "summary: 4 hosts" in r.stdout
-    assert f"{dead.split('@')[1]}: error: " in r.stderr or "connection refused" in r.stderr
-    summary = r.stdout[r.stdout.index("summary: 4 hosts"):]
-    # every live host's plan, as one JSON object each before the summary
-    plans = json_objects(r.stdout[:r.stdout.index("summary: 4 hosts")])
-    assert sorted(p["host"] for p in plans) == sorted(f"root@{i.host}:{i.port}" for i in infos)
-    by_host = {p["host"]: p for p in plans}
-    driver = {h: next(d for d in p["decisions"] if d["step"] == "driver") for h, p in by_host.items()}
+    # --json: stdout holds one JSON line per host (the dead one's an error object); the people's
+    # part, each host's error and the summary, is on stderr
+    docs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert sorted(d["host"] for d in docs if "decisions" in d) == sorted(
+        f"root@{i.host}:{i.port}" for i in infos)  # every live host's plan was printed
+    [error] = [d for d in docs if "error" in d]
+    assert error["host"] == dead and error["exit_code"] == 1
+    assert "connection refused" in error["error"]
+    assert f"{dead}: error: connection refused: " in r.stderr
+    summary = r.stderr[r.stderr.index("summary: 4 hosts"):]
+    by_host = {d["host"]: d for d in docs if "decisions" in d}
+    driver = {h: next(x for x in p["decisions"] if x["step"] == "driver") for h, p in by_host.items()}
     assert driver[f"root@{infos[0].host}:{infos[0].port}"]["reason"] == \
         "no NVIDIA GPU on the PCI bus: CPU-only host"
     assert [driver[f"root@{i.host}:{i.port}"]["action"] for i in infos] == ["none"] * 3

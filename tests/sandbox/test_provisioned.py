@@ -34,8 +34,19 @@ def test_verify_validate_doctor_on_a_provisioned_host(hosts: Hosts, gp_home: Pat
         (tmp_path / "inventories").mkdir()
         inv = info.inventory_with(tmp_path / "inventories" / "cpu-box.yaml", price_per_hour=0.12,
                                   currency="USD", platform="generic-vm")
-        boot = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path)
+        boot = gpu_provision("-H", info.inventory, "bootstrap", "--json", home=gp_home,
+                             cwd=tmp_path)
         assert boot.returncode == 0, boot.stdout + boot.stderr
+        done = json.loads(boot.stdout)  # only JSON on stdout; the progress went to stderr
+        assert done["host"] == info.id and done["verdict"] == "PASS"
+        changed = {x["step"]: x["changed"] for x in done["steps"]}
+        assert all(changed[k] for k in ("conda", "env", "torch", "validate")), changed
+        assert all(x["seconds"] >= 0 for x in done["steps"]) and done["seconds"] > 0
+        assert done["validation"]["verdict"] == "PASS" and done["report"].endswith(".json")
+        assert "conda: done in" in boot.stderr
+        again = json.loads(gpu_provision("-H", info.inventory, "bootstrap", "--json",
+                                         home=gp_home, cwd=tmp_path).stdout)
+        assert not any(x["changed"] for x in again["steps"]) and again["executions"] == 1
 
         sessions = len(info.sessions())
         ok = gpu_provision("-H", info.inventory, "verify", "--junit", "v1.xml", home=gp_home,
@@ -54,6 +65,11 @@ def test_verify_validate_doctor_on_a_provisioned_host(hosts: Hosts, gp_home: Pat
         v = gpu_provision("-H", info.inventory, "validate", home=gp_home, cwd=tmp_path)
         assert v.returncode == 0, v.stdout + v.stderr
         assert "(cpu mode, torch 2.13.0+cpu, CUDA None)" in v.stdout and "verdict: PASS" in v.stdout
+        vj = gpu_provision("-H", info.inventory, "validate", "--json", home=gp_home, cwd=tmp_path)
+        assert vj.returncode == 0, vj.stderr
+        validated = json.loads(vj.stdout)
+        assert [(x["step"], x["changed"]) for x in validated["steps"]] == [("validate", True)]
+        assert validated["verdict"] == validated["validation"]["verdict"] == "PASS"
         report = json.loads(sorted((tmp_path / "reports" / info.id).glob("validate-*.json"))[-1]
                             .read_text())
         assert report["schema"] == 2 and report["mode"] == "cpu"

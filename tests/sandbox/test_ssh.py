@@ -64,17 +64,31 @@ def test_auth_refused_is_named(hosts: Hosts, gp_home: Path, tmp_path: Path) -> N
     r = gpu_provision("-i", str(other), "-H", f"root@{info.host}:{info.port}", "facts",
                       home=gp_home, env={"HOME": str(tmp_path)})
     assert r.returncode == 1 and ": auth refused:" in r.stderr and "Traceback" not in r.stderr
+    [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]  # one, with the fix
+    assert r.stderr.endswith(line + "\n")
+    assert f"refused key {other} and the agent's and ~/.ssh/id_* keys" in line
+    assert "pass the right key with -i KEY" in line
+    assert line.endswith(f"gpu-provision -H root@{info.host}:{info.port} authorize")
 
 
-def test_connection_refused(gp_home: Path) -> None:
+def any_key(tmp_path: Path) -> str:
+    """A key file for a login that never gets as far as using it (without one the tool stops
+    before connecting: no usable key)."""
+    key = tmp_path / "id_unused"
+    key.write_text("unused\n")
+    return str(key)
+
+
+def test_connection_refused(gp_home: Path, tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = gpu_provision("-H", f"root@127.0.0.1:{port}", "facts", home=gp_home)
+    r = gpu_provision("-i", any_key(tmp_path), "-H", f"root@127.0.0.1:{port}", "facts",
+                      home=gp_home)
     assert r.returncode == 1 and "connection refused" in r.stderr
 
 
-def test_timeout_on_a_silent_server(gp_home: Path) -> None:
+def test_timeout_on_a_silent_server(gp_home: Path, tmp_path: Path) -> None:
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(5)
@@ -82,15 +96,16 @@ def test_timeout_on_a_silent_server(gp_home: Path) -> None:
     t = threading.Thread(target=lambda: conns.append(srv.accept()), daemon=True)
     t.start()
     try:
-        r = gpu_provision("-H", f"root@127.0.0.1:{srv.getsockname()[1]}", "facts",
-                          home=gp_home, env={"GPU_PROVISION_CONNECT_TIMEOUT": "2"})
-        assert r.returncode == 1 and ": timeout:" in r.stderr
+        r = gpu_provision("-i", any_key(tmp_path), "-H", f"root@127.0.0.1:{srv.getsockname()[1]}",
+                          "facts", home=gp_home, env={"GPU_PROVISION_CONNECT_TIMEOUT": "2"})
+        assert r.returncode == 1 and ": timeout:" in r.stderr and "within 2s" in r.stderr
     finally:
         srv.close()
 
 
-def test_name_not_resolved(gp_home: Path) -> None:
-    r = gpu_provision("-H", "root@no-such-host.invalid:22", "facts", home=gp_home)
+def test_name_not_resolved(gp_home: Path, tmp_path: Path) -> None:
+    r = gpu_provision("-i", any_key(tmp_path), "-H", "root@no-such-host.invalid:22", "facts",
+                      home=gp_home)
     assert r.returncode == 1 and "name not resolved" in r.stderr
 
 

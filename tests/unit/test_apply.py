@@ -23,7 +23,7 @@ from provision.ops.step import Step, Upload
 from provision.plan import Plan
 from provision.runtime import HEARTBEAT, LOCKED, MARKER
 from provision.store import Store
-from tests.cases import CASES, case_plan, plan_for
+from tests.cases import CASES, case_plan, plan_for, raw
 
 PLAN = CASES / "plan"
 
@@ -90,6 +90,18 @@ def console() -> tuple[Console, io.StringIO]:
     return Console(file=buf, width=200, color_system=None, force_terminal=False), buf
 
 
+def torch_settles(name: str) -> Reconnect:
+    """The torch step settles: the engine re-reads the facts, here those captured after a real
+    bootstrap of the same host, before its validation wrote a verdict."""
+    facts = raw("cpu-only-bootstrapped")["probes"]["journal"]["out"]
+    journal = "\n".join(ln for ln in facts.splitlines() if '"validate"' not in ln
+                        and '"verdict"' not in ln)
+    after = plan_for({"facts": "cpu-only-bootstrapped", "probes": {"journal": journal},
+                      **{k: v for k, v in case_plan(PLAN / f"{name}.yaml")[0].items()
+                         if k in ("inventory", "cli", "push")}}, name)
+    return Reconnect(lambda: pytest.fail("no reconnect without a reboot"), lambda ex: after)
+
+
 TORCH_OK = Answer(result={"version": "2.13.0+cpu", "cuda": None}, log="Successfully installed torch")
 PASS = Answer(result={"schema": 2, "verdict": "PASS", "mode": "cpu", "checks": []})
 
@@ -97,7 +109,8 @@ PASS = Answer(result={"schema": 2, "verdict": "PASS", "mode": "cpu", "checks": [
 def test_a_fresh_cpu_host_runs_each_step_once_and_saves_the_report(tmp_path: Path) -> None:
     ex = FakeExecutor({"torch": TORCH_OK, "validate": PASS})
     out, buf = console()
-    applied = apply(ex, plan_of("cpu-fresh"), store=Store(tmp_path), console=out)  # type: ignore[arg-type]
+    applied = apply(ex, plan_of("cpu-fresh"), again=torch_settles("cpu-fresh"),
+                    store=Store(tmp_path), console=out)  # type: ignore[arg-type]
     assert [c[0] for c in ex.calls] == ["conda", "env", "torch", "validate"]
     assert [(s.name, s.result) for s in applied.steps] == [
         ("conda", "ok"), ("env", "ok"), ("torch", "ok"), ("packages", "skipped"), ("validate", "ok")]
@@ -127,12 +140,14 @@ def test_a_provisioned_host_costs_no_execution_and_keeps_its_verdict(tmp_path: P
 
 
 def test_the_build_installed_must_be_the_one_chosen(tmp_path: Path) -> None:
-    ex = FakeExecutor({"torch": Answer(result={"version": "2.14.1+cu130", "cuda": "13.0"})})
+    ex = FakeExecutor({"torch": Answer(result={"version": "2.14.1+cu130", "cuda": "13.0",
+                                               "index": "http://127.0.0.1:8080/pytorch/cpu"})})
     out, _ = console()
-    with pytest.raises(ProvisionError, match=r"installed torch 2\.14\.1\+cu130 \(CUDA 13\.0\) is not "
-                       r"the chosen torch 2\.13\.0\+cpu \(CUDA None\); the index .*/cpu/ served "
-                       "another build"):
-        apply(ex, plan_of("cpu-fresh"), store=Store(tmp_path), console=out)  # type: ignore[arg-type]
+    with pytest.raises(ProvisionError, match=r"installed torch 2\.14\.1\+cu130 \(CUDA 13\.0\) is "
+                       r"none of the builds the rule allows \(torch 2\.13\.0\+cpu\); the index "
+                       r"http://127\.0\.0\.1:8080/pytorch/cpu served another build"):
+        apply(ex, plan_of("cpu-fresh"), again=torch_settles("cpu-fresh"),
+              store=Store(tmp_path), console=out)  # type: ignore[arg-type]
     assert [c[0] for c in ex.calls] == ["conda", "env", "torch"]  # nothing after it
 
 
@@ -141,7 +156,8 @@ def test_a_failed_step_names_the_step_the_output_and_the_known_fix(tmp_path: Pat
     ex = FakeExecutor({"torch": Answer(exit=1, log=log)}, log_dir=tmp_path / "logs")
     out, _ = console()
     with pytest.raises(RemoteError) as err:
-        apply(ex, plan_of("cpu-fresh"), store=Store(tmp_path), console=out)  # type: ignore[arg-type]
+        apply(ex, plan_of("cpu-fresh"), again=torch_settles("cpu-fresh"),
+              store=Store(tmp_path), console=out)  # type: ignore[arg-type]
     msg = str(err.value)
     assert msg.startswith("box: step 'torch' failed with exit code 1; last output:")
     assert "No space left on device" in msg
@@ -157,10 +173,12 @@ def test_a_held_lock_and_a_lost_link_are_one_line_each(tmp_path: Path) -> None:
     with pytest.raises(ProvisionError, match=r"^box: gpu-provision: another run holds the lock on "
                        r"this host: me@laptop pid 7 step torch since x - wait for it to finish, then "
                        r"run bootstrap again$"):
-        apply(held, plan_of("cpu-fresh"), store=Store(tmp_path), console=out)  # type: ignore[arg-type]
+        apply(held, plan_of("cpu-fresh"), again=torch_settles("cpu-fresh"),
+              store=Store(tmp_path), console=out)  # type: ignore[arg-type]
     lost = FakeExecutor({"env": Answer(exit=-1)})
     with pytest.raises(ProvisionError, match=r"^box: the connection was lost during step 'env' "):
-        apply(lost, plan_of("cpu-fresh"), store=Store(tmp_path), console=out)  # type: ignore[arg-type]
+        apply(lost, plan_of("cpu-fresh"), again=torch_settles("cpu-fresh"),
+              store=Store(tmp_path), console=out)  # type: ignore[arg-type]
 
 
 def test_the_driver_step_reboots_reconnects_confirms_and_holds(tmp_path: Path,
@@ -180,15 +198,19 @@ def test_the_driver_step_reboots_reconnects_confirms_and_holds(tmp_path: Path,
         return second
 
     replans: list[FakeExecutor] = []
+    # after the torch step settles: the env holds the build it installed
+    with_torch = plan_for({"facts": "ubuntu-20.04-nodriver-driver", "probes": {"envs": (
+        "/root/miniconda3|/root/miniconda3|python3.11|\n/root/miniconda3|/root/miniconda3/envs/"
+        "torch|python3.11|__version__=2.14.1+cu130 cuda:Optional[str]=13.0 ")}}, "box")
 
     def replan(ex: FakeExecutor) -> Plan:
         replans.append(ex)
-        return after_facts
+        return after_facts if len(replans) == 1 else with_torch
 
     out, buf = console()
     applied = apply(first, before, again=Reconnect(connect, replan), store=Store(tmp_path),  # type: ignore[arg-type]
                     console=out)
-    assert first.conn.closed and tries == ["connect"] * 3 and replans == [second]
+    assert first.conn.closed and tries == ["connect"] * 3 and replans == [second, second]
     assert [c[0] for c in first.calls] == ["driver", "reboot"]
     assert [c[0] for c in second.calls] == ["driver-hold", "conda", "env", "torch", "validate"]
     hold = second.calls[0][1]
@@ -223,7 +245,8 @@ def test_only_runs_the_named_steps(tmp_path: Path) -> None:
 def test_secret_input_goes_on_stdin_in_the_foreground(tmp_path: Path) -> None:
     ex = FakeExecutor({"torch": TORCH_OK, "validate": PASS})
     out, _ = console()
-    apply(ex, plan_of("cpu-fresh-push-tokens"), store=Store(tmp_path), console=out)  # type: ignore[arg-type]
+    apply(ex, plan_of("cpu-fresh-push-tokens"), again=torch_settles("cpu-fresh-push-tokens"),
+          store=Store(tmp_path), console=out)  # type: ignore[arg-type]
     step, command, stdin = ex.calls[0]
     assert step == "secrets" and stdin == "export HF_TOKEN=hf_x\nexport WANDB_API_KEY=w\n"
     assert "hf_x" not in command and "setsid" not in command  # never in argv, not detached

@@ -54,3 +54,32 @@ def test_page_and_png(tmp_path: Path) -> None:
     assert page.count("<svg") == 1 and "box &lt;1&gt;" in page and "published &amp; marked" in page
     assert chart.BAR in page  # the bars are drawn in the page itself, not linked
     assert "<script" not in page and "http" not in page.split("<svg", 1)[0].split("<li>")[0]
+
+
+def test_chart_follows_the_table(tmp_path: Path) -> None:
+    """Bars in the table's order (first row on top), three significant figures, the unit on
+    each axis, no panel for a figure no host has, and report paths relative to the page."""
+    (tmp_path / "reports" / "box").mkdir(parents=True)
+    src = tmp_path / "reports" / "box" / "bench-1.json"
+    table = rows([(str(src), report("box", None, {"bf16": 165.2})),
+                  ("b.json", report("dear", None, {"fp32": 80.0}))],
+                 lambda r: {"box": (0.39, "USD"), "dear": (2.0, "USD")}[r["host"]])
+    assert [r.host for r in table] == ["box", "dear"]
+    fig = chart._figure(table)
+    [ax] = fig.axes  # no host has a training figure: that panel is left out
+    assert ax.get_title() == "cost per TFLOP-hour (lower is better)"
+    assert ax.get_xlabel() == "USD per TFLOP-hour"
+    assert ax.yaxis_inverted()  # the first row is drawn on top
+    ticks = sorted(ax.get_yticklabels(), key=lambda t: t.get_position()[1])
+    assert [t.get_text().split("\n")[0] for t in ticks] == ["box", "dear"]
+    labels = [t.get_text().strip() for t in ax.texts]
+    assert labels == ["0.00236 USD", "0.0250 USD"]  # 0.39/165.2 and 2/80, 3 significant figures
+    page = chart.page(table, "<svg></svg>", "compare.png", page_dir=tmp_path / "reports")
+    assert "<td>box/bench-1.json</td>" in page and str(tmp_path) not in page
+
+
+def test_chart_log_axis_when_values_span_far() -> None:
+    table = rows([("a.json", report("gpu", None, {"bf16": 400.0})),
+                  ("b.json", report("cpu", None, {"fp32": 0.05}))], lambda r: (0.5, "USD"))
+    [ax] = chart._figure(table).axes
+    assert ax.get_xscale() == "log" and ax.get_xlabel().endswith("(log scale)")

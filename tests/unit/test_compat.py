@@ -197,7 +197,9 @@ def test_pick_nothing_fits_exits_2_with_the_fix() -> None:
     r = run_pick("--driver", "550.54.14", "--compute-cap", "8.6,12.0", "--python", "3.10", "--json")
     assert r.returncode == 2
     assert "driver >= 570.26 allows torch 2.7+cu128, the first with sm_120" in r.stderr
-    assert r.stdout == ""
+    error = json.loads(r.stdout)  # --json: the failure is a JSON object too
+    assert error["exit_code"] == 2 and set(error) == {"error", "exit_code"}
+    assert "driver >= 570.26 allows torch 2.7+cu128, the first with sm_120" in error["error"]
 
 
 def test_pick_glibc_and_minor_flags() -> None:

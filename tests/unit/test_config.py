@@ -23,7 +23,7 @@ BAD = [
     ("bool-not-int", "host: 1.2.3.4\nport: true\n", "port: must be an integer"),
     ("port-range", "host: 1.2.3.4\nport: 70000\n", "port: 70000 is not a TCP port"),
     ("python-as-float", "host: a\npython: 3.10\n",
-     "python: 3.1 was read as a number; quote it (python: \"3.1\")"),
+     "host.yaml:2: python: 3.10 was read as the number 3.1; quote it: python: \"3.10\""),
     ("python-bad", "host: a\npython: \"310\"\n", "python: '310' is not a Python version"),
     ("torch-bad", "host: a\ntorch: \"two\"\n", "torch: 'two' is not a torch spec"),
     ("env-slash", "host: a\nenv_name: ../../etc\n", "env_name: '../../etc' is not a valid name"),

@@ -360,6 +360,13 @@ LSPCI = [
     ("lspci-nn-grep-vga-3d-mx130-gtx970-egpu.txt",
      ["GM108M [GeForce MX130]", "GM204 [GeForce GTX 970]"], ["174d", "13c2"]),
     ("lspci-nnk-grep-A3-nvidia-2xrtx3090.txt", ["GA102 [GeForce RTX 3090]"] * 2, ["2204"] * 2),
+    # NVSwitch boards: the switches (class 0680) are no GPUs (tests/unit/test_fabric.py)
+    ("lspci-Dnn-egrep-nvidia-vga-8xh100-sxm5-4xnvswitch.txt", ["GH100 [H100 SXM5 80GB]"] * 8,
+     ["2330"] * 8),
+    ("lspci-nn-grep-nvidia-8xa100-sxm4-80gb-6xnvswitch.txt", ["GA100 [A100 SXM4 80GB]"] * 8,
+     ["20b2"] * 8),
+    ("lspci-nn-vm-1xa10-no-nvswitch.txt", ["GA102GL [A10]"], ["2236"]),
+    ("lspci-PP-nn-hgx-b200-cx7-bridge.txt", ["Device"] * 8, ["2901"] * 8),
 ]
 
 

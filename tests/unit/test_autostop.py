@@ -1,0 +1,206 @@
+"""autostop and cost without a host: which action each platform gets and which are refused (with
+what to say instead), the watchdog and its control script as bash with every value quoted, the
+platform profiles' stop sections, and the cost and idle figures from a probe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from provision import autostop, cost
+from provision.command import quote
+from provision.errors import ConfigError, ProvisionError
+from provision.recipes import all_platforms, load_platform
+from provision.templating import render
+
+PLATFORMS = {p.name: p for p in all_platforms()}
+
+
+@pytest.mark.parametrize("text,seconds", [("30m", 1800), ("5s", 5), ("1h30m", 5400),
+                                          ("0.5s", 0.5), ("90", 90), ("2d", 172800)])
+def test_durations(text: str, seconds: float) -> None:
+    assert autostop.parse_duration(text, "--idle") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "5x", "1h and 2m", "-3s"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ProvisionError, match=f"--idle {text!r}: not a duration"):
+        autostop.parse_duration(text, "--idle")
+
+
+@pytest.mark.parametrize("seconds,text", [(5, "5s"), (90, "90s"), (150, "2m30s"), (1800, "30m"),
+                                          (3600, "1h"), (5400, "1h30m")])
+def test_duration_text(seconds: int, text: str) -> None:
+    assert autostop.duration_text(seconds) == text
+
+
+DECISIONS = [
+    # platform, flags, action run (or the refusal's words), what --save lands in
+    ("generic-vm", {}, "shutdown -h now", None),
+    ("generic-vm", {"save": "/data/ckpt"}, "shutdown -h now", None),  # the disk stays: no copy
+    ("autodl", {"save": "~/autodl-tmp/ckpt"}, "shutdown", "/root/autodl-fs/autostop-saved"),
+    ("autodl", {"save": "/root/autodl-fs/ckpt"}, "shutdown", "/root/autodl-fs"),  # already there
+    ("autodl", {"action": "terminate"}, "error:releases ordinary instances from its console", None),
+    ("vast", {}, "PUT https://console.vast.ai/api/v0/instances/{id}/", None),
+    ("vast", {"action": "shutdown"}, "error:does not end its billing; use --action stop", None),
+    ("vast", {"action": "terminate"}, "DELETE https://console.vast.ai/api/v0/instances/{id}/",
+     None),
+    ("runpod", {}, "error:Name what to keep with --save DIR", None),
+    ("runpod", {"save": "/root/ckpt"}, "POST https://rest.runpod.io/v1/pods/{id}/stop",
+     "/workspace/autostop-saved"),
+    ("runpod", {"action": "terminate"}, "DELETE https://rest.runpod.io/v1/pods/{id}", None),
+    ("lambda", {}, "error:Say --action terminate to accept it", None),
+    ("lambda", {"action": "stop"}, "error:cannot be stopped, only terminated", None),
+    ("lambda", {"action": "terminate", "save": "/home/ubuntu/ckpt"},
+     "error:give --save-to DIR (a network filesystem)", None),
+    ("lambda", {"action": "terminate", "save": "/home/ubuntu/ckpt",
+                "save_to": "/lambda/nfs/fs1"},
+     "POST https://cloud.lambda.ai/api/v1/instance-operations/terminate",
+     "/lambda/nfs/fs1/autostop-saved"),
+    ("vast", {"action": "halt"}, "error:no --action halt (it has: stop, terminate)", None),
+]
+
+
+@pytest.mark.parametrize("platform,flags,action,saved", DECISIONS,
+                         ids=[f"{d[0]}-{'-'.join(map(str, d[1].values())) or 'default'}"
+                              for d in DECISIONS])
+def test_what_each_platform_runs(platform: str, flags: dict[str, str], action: str,
+                                 saved: str | None) -> None:
+    req = autostop.Request(**flags)  # type: ignore[arg-type]
+    if action.startswith("error:"):
+        with pytest.raises(ProvisionError) as err:
+            autostop.decide(PLATFORMS[platform], req, "/root")
+        assert action[6:] in str(err.value) and "\n" not in str(err.value)
+        return
+    d = autostop.decide(PLATFORMS[platform], req, "/root")
+    assert d.action_text == action and d.save_to == saved
+
+
+def test_relative_save_is_under_the_data_dir() -> None:
+    d = autostop.decide(PLATFORMS["autodl"], autostop.Request(save="run1/ckpt"), "/root",
+                        "/root/autodl-tmp")
+    assert d.save == "/root/autodl-tmp/run1/ckpt"
+    assert autostop.decide(PLATFORMS["autodl"], autostop.Request(save="ckpt"), "/root").save \
+        == "/root/ckpt"
+
+
+def test_never_a_silent_delete() -> None:
+    """No platform's default action deletes data: those need --action terminate, said."""
+    for p in all_platforms():
+        default = p.autostop.actions[p.autostop.default or ""]
+        if default.deletes == "everything":
+            with pytest.raises(ProvisionError, match="--action terminate"):
+                autostop.decide(p, autostop.Request(), "/root")
+        for name, a in p.autostop.actions.items():
+            assert a.refused or (a.command or a.request), (p.name, name)
+            assert a.refused or a.keeps and a.bills, (p.name, name)  # said, for --status
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"idle": 0.5}, "--idle 0.5s: give at least a second"),
+    ({"interval": 3600.0, "idle": 60.0}, "--interval 3600.0s: between 0.1s"),
+    ({"after_job": "x; rm -rf /"}, "--after-job 'x; rm -rf /': not a job name"),
+    ({"instance_id": "1/../2"}, "--instance-id '1/../2': not an instance id"),
+    ({"util_max": 120}, "--gpu-util is a percentage")])
+def test_bad_requests(bad: dict[str, object], match: str) -> None:
+    with pytest.raises(ProvisionError, match=match.replace("(", r"\(").replace(")", r"\)")
+                       .replace(".", r"\.")):
+        autostop.decide(PLATFORMS["vast"], autostop.Request(**bad), "/root")  # type: ignore[arg-type]
+
+
+def bash_ok(script: str) -> bool:
+    return subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_watchdog_and_control_render_for_every_action(platform: str) -> None:
+    p = PLATFORMS[platform]
+    hostile = "/root/my ckpt/$(touch pwned)'x"
+    for name, spec in p.autostop.actions.items():
+        if spec.refused:
+            continue
+        req = autostop.Request(action=name, save=hostile, save_to="/mnt/fs",
+                               after_job="train-1", instance_id="i-1")
+        d = autostop.decide(p, req, "/root")
+        script = autostop.watchdog_script(d, req, p)
+        assert bash_ok(script)
+        assert f"SAVE={quote(hostile)};" in script and "$(touch pwned)'x;" not in script
+        ctl = render("autostop_ctl.sh.j2", mode="install", command=list(spec.command),
+                     need_id=False, id_env=list(p.autostop.instance_id_env),
+                     key_env=list(p.autostop.api_key_env), require_persistent="/mnt/fs",
+                     watchdog=script, config=json.dumps(autostop.config(d, req)))
+        assert bash_ok(ctl)
+    for mode in ("cancel", "status"):
+        assert bash_ok(render("autostop_ctl.sh.j2", mode=mode, **autostop._unused()))
+
+
+def test_profiles_stop_section_errors_name_file_and_key(tmp_path: Path) -> None:
+    folder = tmp_path / "recipes" / "platforms"
+    folder.mkdir(parents=True)
+    (folder / "mine.yaml").write_text("kind: container\nautostop:\n  stop:\n"
+                                      "    request: PUT ftp://x/{id}\n")
+    with pytest.raises(ConfigError, match=r"mine.yaml:4: autostop.stop.request: 'PUT ftp://x/\{id\}'"):
+        load_platform("mine", tmp_path)
+    (folder / "mine.yaml").write_text("autostop:\n  stop:\n    deletes: some\n")
+    with pytest.raises(ConfigError, match="autostop.stop.deletes: 'some' must be one of"):
+        load_platform("mine", tmp_path)
+
+
+def probe(**kw: object) -> cost.Probe:
+    base: dict[str, object] = dict(now=1_000_000.0, btime=900_000.0, pid1_start=990_000.0,
+                                   boot_id="b", journal_first=992_000.0,
+                                   journal_last=993_000.0, jobs=(), jobs_last=None,
+                                   gpus=((0, 3),), autostop_alive=False)
+    base.update(kw)
+    return cost.Probe(**base)  # type: ignore[arg-type]
+
+
+def test_cost_since_the_container_started_and_idle_since_the_last_work() -> None:
+    p = probe()
+    row = cost.row("box", 0.9, "USD", p)
+    assert p.since == 990_000.0  # PID 1 (the container) started after the kernel booted
+    assert row["hours"] == round(10_000 / 3600, 3) and row["cost"] == round(0.9 * 10_000 / 3600, 2)
+    assert row["idle_seconds"] == 7000.0  # since our last step
+    assert row["autostop_text"] == "not set: each idle hour costs 0.90 USD"
+    assert row["warnings"] == ["box: idle for 1h56m with no autostop set: 1.75 USD paid for an "
+                               "idle machine so far; `gpu-provision -H box autostop --idle 30m` "
+                               "stops it next time"]
+    busy = cost.row("box", 0.9, "USD", probe(gpus=((0, 20000),)))
+    assert busy["busy"] == "GPU 0 holds 20000 MiB" and busy["warnings"] == []
+    job = cost.row("box", None, None, probe(jobs=("train 42",)))
+    assert job["busy"] == "job train runs" and job["cost"] is None
+
+
+def test_cost_with_autostop_set() -> None:
+    p = probe(autostop_alive=True, autostop_config={"idle": 1800, "idle_text": "30m",
+                                                    "action": "stop", "bills": "the disk"},
+              autostop_state={"idle_for": 600, "busy": "", "last_active": 999_400})
+    row = cost.row("box", 2.0, "USD", p)
+    assert row["autostop"] == {"set": True, "idle": 1800.0, "action": "stop", "stops_in": 1200.0,
+                               "saves_per_hour": 2.0, "still_billed": "the disk"}
+    assert row["autostop_text"] == "stop after 30m idle, in 20m; then saves 2.00 USD/h"
+    assert row["warnings"] == []
+
+
+def test_idle_warning_contract() -> None:
+    assert cost.idle_warning("h", 100, False, 1.0, "USD") is None  # under the period
+    assert cost.idle_warning("h", 4000, True, 1.0, "USD") is None  # autostop is set
+    assert cost.idle_warning("h", None, False, 1.0, "USD") is None  # busy
+    assert cost.idle_warning("h", 4000, False, None, None) == (
+        "h: idle for 1h6m with no autostop set; `gpu-provision -H h autostop --idle 30m` stops "
+        "it next time")
+
+
+def test_idle_probe_prints_one_json_line(tmp_path: Path) -> None:
+    (tmp_path / ".gpu-provision" / "jobs" / "train").mkdir(parents=True)
+    (tmp_path / ".gpu-provision" / "jobs" / "train" / "pid").write_text(str(os.getpid()))
+    r = subprocess.run(["bash", "-c", cost.idle_probe_script()], capture_output=True, text=True,
+                       env={**os.environ, "HOME": str(tmp_path)})
+    p = cost.parse_probe(r.stdout.strip())
+    assert p.autostop_alive is False and p.since >= p.btime > 0
+    # this test's process started before its pid file was written: a job of ours runs
+    assert p.jobs == (f"train {os.getpid()}",)
