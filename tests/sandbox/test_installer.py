@@ -78,8 +78,12 @@ def test_uv_never_takes_torch_from_the_pypi_mirror(hosts: Hosts, gp_home: Path,
         torch_log = info.path("/root/.gpu-provision/logs/torch.log").read_text()
         assert f"installer: uv {UV.version}, fetched into {TOOLS}/uv-{UV.version}" in torch_log
         assert f"sha256 ok: {UV.wheels['x86_64'].sha256}" in torch_log
+        index = f"{info.mirror['pytorch']}/cpu"
+        assert f"{TOOLS}/uv-{UV.version}/uv pip install torch==2.13.0 --index-url {index}/\n" \
+            in torch_log
         assert " + torch==2.13.0+cpu\n" in torch_log
-        assert 'imported torch: {"version": "2.13.0+cpu", "cuda": null}' in torch_log
+        assert ('imported torch: {"version": "2.13.0+cpu", "cuda": null, "index": "'
+                f'{index}", "note": ""}}') in torch_log
         assert re.search(r"^received \d+ MiB in \d+\.\ds \(\d+\.\d MiB/s\)$", torch_log, re.MULTILINE)
         packages_log = info.path("/root/.gpu-provision/logs/packages.log").read_text()
         assert f"installer: uv {UV.version} ({TOOLS}/uv-{UV.version}/uv)" in packages_log
@@ -109,6 +113,8 @@ def test_pip_installs_when_the_mirror_has_no_uv_or_alters_it(hosts: Hosts, gp_ho
         torch_log = info.path("/root/.gpu-provision/logs/torch.log").read_text()
         assert (f"installer: pip, as uv {UV.version} cannot be had: no PyPI mirror has it: "
                 f"{no_uv} (HTTP 404);\n") in torch_log
+        assert (f"/root/miniconda3/envs/torch/bin/python -m pip install torch==2.13.0 "
+                f"--index-url {info.mirror['pytorch']}/cpu/\n") in torch_log
         assert re.search(r"^Successfully installed .*torch-2\.13\.0\+cpu", torch_log, re.MULTILINE)
         assert re.search(r"^received \d+ MiB in \d+\.\ds", torch_log, re.MULTILINE)
         f, env = torch_env(info, gp_home)
