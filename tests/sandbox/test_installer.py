@@ -79,8 +79,8 @@ def test_uv_never_takes_torch_from_the_pypi_mirror(hosts: Hosts, gp_home: Path,
         assert f"installer: uv {UV.version}, fetched into {TOOLS}/uv-{UV.version}" in torch_log
         assert f"sha256 ok: {UV.wheels['x86_64'].sha256}" in torch_log
         index = f"{info.mirror['pytorch']}/cpu"
-        assert f"{TOOLS}/uv-{UV.version}/uv pip install torch==2.13.0 --index-url {index}/\n" \
-            in torch_log
+        assert (f"{TOOLS}/uv-{UV.version}/uv pip install torch==2.13.0 --index-url {index}/ "
+                "--python /root/miniconda3/envs/torch/bin/python\n") in torch_log
         assert " + torch==2.13.0+cpu\n" in torch_log
         assert ('imported torch: {"version": "2.13.0+cpu", "cuda": null, "index": "'
                 f'{index}", "note": ""}}') in torch_log
