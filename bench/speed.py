@@ -28,6 +28,17 @@ extra; they are installed into .venv when missing):
 
 --write adds the figures, the machine and the date to bench/RESULTS.md as a new section above
 the earlier ones (which stay); the prose on targets is written by hand.
+
+The cold bootstrap, alone (it is not part of the run above):
+
+    .venv/bin/python bench/speed.py --cold cpu-only,h200 [--runs 3]
+
+For each profile, --runs rounds of two fresh sandbox hosts brought to a validated env task by
+task (conda, env, torch, then bootstrap for validation): one whose PyPI mirror has no uv (the
+torch and packages steps fall back to pip), one with uv; then, on the uv host, a bare
+`uv pip install` of the same requirements into a fresh env with uv's cache emptied. It prints
+each step's seconds (as the tool reports them), the bytes the mirror sent for it, the load
+average during the round, and the medians; the raw figures go to cold.json in its work dir.
 """
 
 from __future__ import annotations
@@ -417,6 +428,192 @@ def report(results: dict[str, Any], runs: int) -> str:
     return "\n".join(lines)
 
 
+# --- The cold bootstrap: a fresh host to a validated env, pip against uv ----------------------
+
+COLD_TORCH = {"cpu-only": None, "h200": "2.14"}  # the torch spec each profile installs
+STEP_ROW = re.compile(r"[│|]\s*(\w+)\s*[│|]\s*(ok|skipped|failed)\s*[│|]\s*([\d.]+)\s*[│|]")
+
+
+def cold_work() -> Path:
+    """The cold section's own folder, under this session's sandbox dir (a shared /tmp may be
+    swept by others' clean-ups during a run this long)."""
+    work = harness.sandbox_dir() / "cold-bench"
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def task(argv: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)
+         ) -> tuple[float, dict[str, float], int]:
+    """(wall seconds, each applied step's seconds as the tool reports them, mirror bytes sent)
+    of one gpu-provision run."""
+    from tests.sandbox import mirror
+    since = mirror.log_offset()
+    started = time.perf_counter()
+    r = subprocess.run([str(BIN / "gpu-provision"), *argv], capture_output=True, text=True,
+                       cwd=cold_work(), env=env, timeout=1800)
+    wall = time.perf_counter() - started
+    if r.returncode not in ok:
+        raise SystemExit(f"gpu-provision {' '.join(argv)} exited {r.returncode}:\n"
+                         f"{r.stdout[-2500:]}\n{r.stderr[-2500:]}")
+    steps = {m.group(1): float(m.group(3)) for m in STEP_ROW.finditer(r.stdout)
+             if m.group(2) == "ok"}
+    return wall, steps, mirror.bytes_served(since)[0]
+
+
+def ssh_run(info: harness.HostInfo, command: str) -> float:
+    """Seconds of one ``ssh host COMMAND`` (a user typing it), which must succeed."""
+    ssh = ["ssh", "-i", info.key, "-p", str(info.port), *SSH_OPTS, f"root@{info.host}"]
+    started = time.perf_counter()
+    r = subprocess.run([*ssh, command], capture_output=True, text=True, cwd=cold_work(),
+                       timeout=1800)
+    if r.returncode != 0:
+        raise SystemExit(f"ssh {info.id} {command!r} exited {r.returncode}:\n{r.stdout[-1500:]}"
+                         f"\n{r.stderr[-1500:]}")
+    return time.perf_counter() - started
+
+
+def warm_mirror(profile: str) -> None:
+    """Fetch every wheel a profile's torch install needs through the mirror once, untimed: files
+    from the upstream index are then kept by the mirror and local ones sit in the page cache,
+    so neither the internet nor the first read from disk lands in one installer's figure."""
+    from provision.ops.installer import load_uv
+    from tests.sandbox import mirror
+    m = mirror.ensure()
+    variant, reqs = ("cu130", ["torch==2.14.1", "torchvision==0.29.1"]) if profile == "h200" \
+        else ("cpu", ["torch==2.13.0"])
+    dest = cold_work() / f"warm-{profile}"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "-q", "-d", str(dest),
+                    "--index-url", f"{m['pytorch']}/{variant}/", *reqs], check=True,
+                   capture_output=True, timeout=1800)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--isolated", "-q", "--no-deps",
+                    "-d", str(dest), "--index-url", f"{m['pypi']}/",
+                    f"uv=={load_uv().version}"], check=True, capture_output=True, timeout=600)
+    shutil.rmtree(dest, ignore_errors=True)
+
+
+def cold_host(profile: str, installer: str, bare: bool) -> dict[str, Any]:
+    """One cold bootstrap of a fresh ``profile`` host, task by task (conda, env, torch with the
+    recipe's packages, then bootstrap, which has only validation left), with ``installer``:
+    "pip" serves the host a PyPI mirror without uv (the fallback), "uv" the mirror as it is.
+    ``bare``: then the same torch requirements again on that host, by a bare ``uv pip install``
+    into a fresh env with uv's cache emptied."""
+    from tests.sandbox import mirror
+    info = harness.start(profile)
+    try:
+        import yaml
+        inv_text = yaml.safe_load(Path(info.inventory).read_text())
+        pypi = mirror.overlay("no-uv", hide=["uv"]) if installer == "pip" else info.mirror["pypi"]
+        # a new host may reuse an earlier one's id and address: its own name and pinned key
+        name = f"{info.id}-{installer}-{time.time_ns()}"
+        env = {**ENV, "GPU_PROVISION_HOME": str(cold_work() / f"gp-{name}")}
+        inv = info.inventory_with(cold_work() / f"{name}.yaml",
+                                  mirrors={**inv_text["mirrors"], "pypi": pypi})
+        spec = ["--torch", COLD_TORCH[profile]] if COLD_TORCH[profile] else []
+        plan = json.loads(subprocess.run(
+            [str(BIN / "gpu-provision"), "-H", inv, "plan", "--json", *spec], cwd=cold_work(),
+            env=env,
+            capture_output=True, text=True, timeout=300, check=True).stdout)
+        load = [os.getloadavg()[0]]
+        out: dict[str, Any] = {"profile": profile, "installer": installer, "steps": {},
+                               "bytes": {}, "wall": {}}
+        for name, argv, ok in (("conda", ["conda"], (0,)), ("env", ["env"], (0,)),
+                               ("torch", ["torch", *spec], (0,)),
+                               ("validate", ["bootstrap", *spec], (0, 1))):
+            wall, steps, sent = task(["-H", inv, *argv], env, ok)
+            out["wall"][name] = wall
+            out["bytes"][name] = sent
+            out["steps"].update(steps)
+            load.append(os.getloadavg()[0])
+        log = info.path("/root/.gpu-provision/logs/torch.log").read_text()
+        # the install command alone: the last progress line, printed when it ended
+        out["install"] = float(re.findall(r"^received \d+ MiB in ([\d.]+)s", log, re.MULTILINE)[-1])
+        used = re.search(r"^installer: (uv|pip)\b", log, re.MULTILINE)
+        if not used or used.group(1) != installer:
+            raise SystemExit(f"{info.id}: the torch step did not install with {installer}: "
+                             f"{used.group(0) if used else 'no installer line'}")
+        if bare:
+            choice, settings = plan["torch"], plan["settings"]
+            reqs = [f"torch=={choice['torch']}"]
+            if settings["domain_libraries"]:
+                reqs += [f"{k}=={choice[k]}" for k in ("torchvision", "torchaudio") if choice[k]]
+            uv = f"/root/.gpu-provision/tools/uv-{load_uv_version()}/uv"
+            ssh_run(info, "rm -rf /root/.cache/uv && /root/miniconda3/bin/conda create -y -q "
+                          f"-n bare python={settings['python']} >/dev/null")
+            since = mirror.log_offset()
+            out["bare_uv"] = ssh_run(info, f"{uv} pip install --python "
+                                           "/root/miniconda3/envs/bare/bin/python "
+                                           f"{' '.join(reqs)} --index-url {choice['index_url']}")
+            out["bare_bytes"] = mirror.bytes_served(since)[0]
+            out["bare_command"] = f"uv pip install --python <fresh env> {' '.join(reqs)} " \
+                                  f"--index-url <mirror>/pytorch/{choice['cuda']}/"
+            load.append(os.getloadavg()[0])
+        out["load"] = load
+        return out
+    finally:
+        harness.stop(info.id)
+
+
+def load_uv_version() -> str:
+    from provision.ops.installer import load_uv
+    return load_uv().version
+
+
+def cold_bootstrap(profiles: list[str], runs: int) -> dict[str, list[dict[str, Any]]]:
+    """``runs`` rounds per profile of a pip host and a uv host (then the bare uv install on the
+    uv host), the order alternating between rounds so that neither always goes first."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for profile in profiles:
+        print(f"cold bootstrap, {profile}: warming the mirror ...", flush=True)
+        warm_mirror(profile)
+        results[profile] = []
+        for i in range(runs):
+            for installer in (("pip", "uv") if i % 2 == 0 else ("uv", "pip")):
+                print(f"cold bootstrap, {profile}, round {i + 1}/{runs}: {installer} ...",
+                      flush=True)
+                results[profile].append(cold_host(profile, installer, bare=installer == "uv"))
+                # kept as it grows: a failure late in a long run loses nothing measured before
+                (cold_work() / "cold.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def cold_report(results: dict[str, list[dict[str, Any]]]) -> str:
+    med = statistics.median
+    lines = ["| host | installer | conda | env | torch step | torch bytes | packages | validate "
+             "| 1-min load (min-max) |", "|---|---|---|---|---|---|---|---|---|"]
+    ratios = []
+    for profile, rows in results.items():
+        by = {k: [r for r in rows if r["installer"] == k] for k in ("pip", "uv")}
+        for k, rs in by.items():
+            def step(name: str, rs: list[dict[str, Any]] = rs) -> str:
+                vals = [r["steps"][name] for r in rs if name in r["steps"]]
+                return f"{med(vals):.1f} s" if vals else "-"
+            loads = [x for r in rs for x in r["load"]]
+            lines.append(f"| {profile} | {k} | {step('conda')} | {step('env')} | {step('torch')} "
+                         f"| {med(r['bytes']['torch'] for r in rs) / 2**20:.0f} MiB "
+                         f"| {step('packages')} | {step('validate')} "
+                         f"| {min(loads):.1f}-{max(loads):.1f} |")
+        pip_t = med(r["steps"]["torch"] for r in by["pip"])
+        uv_t = med(r["steps"]["torch"] for r in by["uv"])
+        bare = med(r["bare_uv"] for r in by["uv"])
+        ratios.append((profile, pip_t, uv_t, bare, by["uv"][0]["bare_command"],
+                       med(r["bare_bytes"] for r in by["uv"]),
+                       [round(r["steps"]["torch"], 1) for r in by["pip"]],
+                       [round(r["steps"]["torch"], 1) for r in by["uv"]],
+                       [round(r["bare_uv"], 1) for r in by["uv"]]))
+    lines += ["", "| host | pip torch step | uv torch step | pip / uv (target >= 2x) "
+              "| bare `uv pip install` | our uv step / bare (target <= 1.2x) "
+              "| its install command alone / bare |", "|---|---|---|---|---|---|---|"]
+    for profile, pip_t, uv_t, bare, _, _, pips, uvs, bares in ratios:
+        inst = med(r["install"] for r in results[profile] if r["installer"] == "uv")
+        lines.append(f"| {profile} | {pip_t:.1f} s {pips} | {uv_t:.1f} s {uvs} "
+                     f"| {pip_t / uv_t:.2f}x | {bare:.1f} s {bares} | {uv_t / bare:.2f}x "
+                     f"| {inst:.1f} s, {inst / bare:.2f}x |")
+    lines += ["", "Bare commands, on the uv host after our steps, uv's cache emptied:"]
+    lines += [f"- {p}: `{cmd}` ({sent / 2**20:.0f} MiB from the mirror)"
+              for p, _, _, _, cmd, sent, *_ in ratios]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -427,7 +624,21 @@ def main() -> None:
                     help="sections to measure; jobs (run and logs -f over the delay proxy) is extra")
     ap.add_argument("--no-others", action="store_true", help="skip Ansible and pyinfra")
     ap.add_argument("--write", action="store_true", help="add a section to bench/RESULTS.md")
+    ap.add_argument("--cold", metavar="PROFILES", help="only the cold bootstrap, pip against uv, "
+                    "on these sandbox profiles (cpu-only,h200); --runs rounds each")
     a = ap.parse_args()
+    if a.cold:
+        problem = harness.why_unavailable()
+        if problem:
+            raise SystemExit(f"sandbox hosts unavailable: {problem}")
+        started = time.time()
+        cold = cold_bootstrap(a.cold.split(","), a.runs)
+        print(cold_report(cold))
+        print(json.dumps(cold))
+        (cold_work() / "cold.json").write_text(json.dumps(cold, indent=1))
+        print(f"cold bootstrap measured in {time.time() - started:.0f} s on {machine()}; "
+              f"figures in {cold_work() / 'cold.json'}")
+        return
     only = set(a.only.split(","))
     started, header = time.time(), machine()
     results: dict[str, Any] = {}

@@ -103,8 +103,10 @@ def _home_small(f: HostFacts) -> dict[str, str] | None:
 
 
 def _conda_and_pip(f: HostFacts) -> dict[str, str] | None:
-    both = [env for env, who in f.torch_installers.items() if "conda" in who and "pip" in who]
-    return {"env": both[0]} if both else None
+    """torch of conda's and a wheel's (pip, or uv, which the torch step may use) in one env."""
+    both = [(env, w) for env, who in f.torch_installers.items() if "conda" in who
+            for w in who if w in ("pip", "uv")]
+    return {"env": both[0][0], "installer": both[0][1]} if both else None
 
 
 def _nvcc_differs(f: HostFacts) -> dict[str, str] | None:

@@ -15,6 +15,7 @@ from .ops import fabric as fabric_ops
 from .ops import validate as validate_ops
 from .ops.conda import conda_step
 from .ops.env import env_step, python_conflict
+from .ops.installer import installer_decision
 from .ops.layout import Layout, find_env, layout, ours
 from .ops.secrets import secrets_step
 from .ops.step import Step, nothing
@@ -255,6 +256,10 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                      if d.changes else d for d in decisions]
     decisions += [Decision(s.name, s.label if s.changes else None, s.reason)
                   for s in steps if s.name != "driver"]
+    installs = installer_decision(facts, settings, [s.name for s in steps if s.changes])
+    if installs:  # right after the steps it serves
+        at = max(i for i, d in enumerate(decisions) if d.step in ("torch", "packages")) + 1
+        decisions.insert(at, Decision("installer", *installs))
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
                 risks=torch.risks if torch else (), blocked=blocked, steps=tuple(steps),
                 layout=lay, facts=facts)

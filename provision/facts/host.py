@@ -117,6 +117,7 @@ class HostFacts:
     nvlink5: str | None = None  # "8x B200": NVSwitches behind ConnectX-7 (no PCI function)
     fabric_manager: FabricManager | None = None  # None: not installed
     fabric: tuple[FabricState, ...] = ()  # per GPU, where the driver reports it
+    uv_versions: tuple[str, ...] = ()  # our uv in ~/.gpu-provision/tools (ops/installer.py)
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -364,6 +365,8 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         nvlink5=nvlink5_board(parse_lspci(_ok(probes, "lspci") or "")),
         fabric_manager=parse_fabric_manager(_ok(probes, "fabric_manager") or ""),
         fabric=parse_fabric_states(*_out(probes, "fabric")),
+        uv_versions=tuple(ln.strip() for ln in (_ok(probes, "uv_tools") or "").splitlines()
+                          if ln.strip()),
     )
 
 

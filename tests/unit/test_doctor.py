@@ -123,6 +123,10 @@ def test_fact_findings(healthy: HostFacts) -> None:
         ["several-driver-packages"]
     assert _ids(replace(healthy, torch_installers={"/opt/conda": ("conda", "pip")})) == \
         ["torch-conda-and-pip"]
+    # the torch step installs with uv where it can: its INSTALLER file says "uv"
+    [mixed] = diagnose({}, replace(healthy, torch_installers={"/opt/conda": ("conda", "uv")}))
+    assert mixed.id == "torch-conda-and-pip" and "by both conda and uv" in mixed.diagnosis
+    assert _ids(replace(healthy, torch_installers={"/opt/conda": ("uv",)})) == []
     [full] = diagnose({}, replace(healthy, disks=(Disk("/root", "/", 1.2, 100.0),)))
     assert full.id == "disk-nearly-full" and "1.2 GB free of 100.0 GB" in full.diagnosis
     [small] = diagnose({}, replace(healthy, disks=(Disk("/root", "/", 20.0, 30.0),

@@ -54,7 +54,7 @@ def test_a_recreated_env_gets_its_packages_again() -> None:
                                                                 "result": "ok", "inputs": inputs}})
     assert _decision(_plan(done, cli=cli), "packages")[0] is None  # the journal says so
     assert _decision(_plan(done, cli={**cli, "python": "3.10"}), "packages")[0] == \
-        "pip install ultralytics>=8.3 opencv-python-headless"
+        "install ultralytics>=8.3 opencv-python-headless"
 
 
 def test_an_env_we_did_not_make_is_refused_in_one_line() -> None:

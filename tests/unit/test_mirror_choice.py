@@ -21,6 +21,7 @@ from provision.doctor import diagnose
 from provision.facts.host import HostFacts
 from provision.facts.torchindex import parse_index_cache
 from provision.inventory import Target, settings_for
+from provision.ops.installer import load_uv
 from provision.ops.torch import read_torch
 from provision.plan import Plan, make_plan
 from provision.recipes import load_platform
@@ -196,14 +197,16 @@ def index(tmp_path: Path) -> Iterator[str]:
 
 def _body(tmp_path: Path, base: str, facts: HostFacts, **cli: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Run the torch body here with a Python that has no pip: it reads the index, writes the
-    cache and prints what it will install, then stops where pip would start."""
+    cache and prints what it will install, then stops where pip would start (the PyPI mirror,
+    this index's server, has no uv, so the install falls to pip: nothing leaves this machine)."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     env_dir = tmp_path / "env"
     if not env_dir.exists():
         venv.EnvBuilder(with_pip=False).create(env_dir)
     settings = settings_for(Target(name="box", host="h", settings={
-        "domain_libraries": False, "mirrors": {"pytorch": [f"{base}-down", base]}}), None, cli)
+        "domain_libraries": False,
+        "mirrors": {"pytorch": [f"{base}-down", base], "pypi": [f"{base}-pypi"]}}), None, cli)
     plan = make_plan("box", facts, settings, load_platform(settings.platform))
     step = next(s for s in plan.steps if s.name == "torch")
     assert step.body is not None
@@ -220,6 +223,8 @@ def test_the_body_installs_the_newest_the_mirror_serves(tmp_path: Path, index: s
             f"{sys.version_info[0]}.{sys.version_info[1]}): installing 2.13.0 instead") in r.stdout
     assert f"pip install torch==2.13.0 --index-url {index}/cpu/" in r.stdout
     assert "No module named pip" in r.stderr and r.returncode == 1  # where pip would install
+    assert f"installer: pip, as uv {load_uv().version} cannot be had: no PyPI mirror has it: " \
+        f"{index}-pypi (HTTP 404);" in r.stdout
     [line] = [p.read_text() for p in cache.glob("*.json")]
     [cached] = parse_index_cache(line)
     assert (cached.url, cached.served["torch"]) == (f"{index}/cpu/", {"2.13.0": ("cp311",)})

@@ -91,7 +91,7 @@ def test_every_template_is_covered() -> None:
     assert shipped == {"facts.sh.j2", "step.sh.j2", "_follow.sh.j2", "foreground.sh.j2", "conda.sh.j2", "env.sh.j2", "torch.sh.j2",
                        "packages.sh.j2", "validate.sh.j2", "validate_gpu.py", "driver.sh.j2",
                        "driver_hold.sh.j2", "_first_mirror.sh.j2", "secrets.sh.j2",
-                       "secrets_forget.sh.j2", "bench.sh.j2", "bench_gpu.py",
+                       "secrets_forget.sh.j2", "bench.sh.j2", "bench_gpu.py", "_install.sh.j2",
                        # jobs (rendered and run in tests/unit/test_jobs_scripts.py)
                        "follow.sh.j2", "_jobs.sh.j2", "job_launch.sh.j2", "job_wrapper.sh.j2",
                        "job_kill.sh.j2", "job_where.sh.j2", "jobs_list.sh.j2",

@@ -1,0 +1,101 @@
+"""Which installer the torch and packages steps use: our pinned uv where it can be had, else pip.
+
+uv downloads in parallel and unpacks much faster than pip, which fetches one file at a time; on
+the CUDA torch install (about 3 GB of wheels) that is most of a cold bootstrap. uv itself comes
+from the configured PyPI mirror into our own tool dir on the host, one pinned release whose
+wheels' sha256 lie in ``provision/data/uv.yaml``; the step falls back to pip on the host when the
+mirror lacks it, the hash differs or the binary does not run (templates/_install.sh.j2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from ..facts.host import HostFacts
+from ..inventory import Settings
+from .conda import listed
+
+TOOLS_DIR = "~/.gpu-provision/tools"  # ours on the host; uv-<version>/uv inside
+
+
+@dataclass(frozen=True)
+class UvWheel:
+    file: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class UvRelease:
+    version: str
+    source: str  # where the hashes were read
+    wheels: Mapping[str, UvWheel]  # host arch (uname -m) -> its wheel
+
+
+@cache
+def load_uv() -> UvRelease:
+    """The pinned uv release (provision/data/uv.yaml), read once."""
+    raw: Any = yaml.safe_load(resources.files("provision.data").joinpath("uv.yaml").read_text())
+    return UvRelease(version=str(raw["version"]), source=str(raw["source"]),
+                     wheels={arch: UvWheel(str(w["file"]), str(w["sha256"]), int(w["size"]))
+                             for arch, w in raw["wheels"].items()})
+
+
+@dataclass(frozen=True)
+class Installer:
+    """The installer decided for a host: ``wheel`` None means pip, for the reason given."""
+
+    version: str
+    wheel: UvWheel | None
+    present: bool  # our uv of this version is already in the tool dir
+    mirrors: tuple[str, ...]  # the PyPI mirrors uv is fetched from, tried in order
+    why: str  # why this one (uv: how it gets there; pip: why not uv)
+
+    @property
+    def name(self) -> str:
+        return f"uv {self.version}" if self.wheel else "pip"
+
+    def template_vars(self) -> dict[str, Any]:
+        """What templates/_install.sh.j2 needs."""
+        uv = None if self.wheel is None else {
+            "version": self.version, "file": self.wheel.file, "sha256": self.wheel.sha256}
+        return {"uv": uv, "uv_mirrors": self.mirrors, "pip_reason": self.why}
+
+
+def choose_installer(facts: HostFacts, settings: Settings) -> Installer:
+    """uv when a wheel is pinned for the host's arch, pip otherwise. (Its wheels need glibc 2.17,
+    older than any torch release in the data needs; a binary that does not run on the host sends
+    the step to pip there.)"""
+    rel = load_uv()
+    arch = facts.arch or "x86_64"
+    mirrors = settings.mirrors.pypi
+    wheel = rel.wheels.get(arch)
+    where = f"{TOOLS_DIR}/uv-{rel.version}"
+    if wheel is None:
+        return Installer(rel.version, None, False, mirrors,
+                         f"no uv wheel is pinned for {arch} (provision/data/uv.yaml has "
+                         f"{', '.join(sorted(rel.wheels))})")
+    if rel.version in facts.uv_versions:
+        return Installer(rel.version, wheel, True, mirrors,
+                         f"parallel downloads; already in {where}")
+    return Installer(rel.version, wheel, False, mirrors,
+                     f"parallel downloads; fetched from the PyPI mirror {listed(mirrors)} into "
+                     f"{where}, sha256 checked (provision/data/uv.yaml); pip where it cannot "
+                     "be had")
+
+
+def installer_decision(facts: HostFacts, settings: Settings, changing: list[str]
+                       ) -> tuple[str, str] | None:
+    """(action, reason) of the plan's installer line, when the torch or packages step has work."""
+    served = [name for name in ("torch", "packages") if name in changing]
+    if not served:
+        return None
+    chosen = choose_installer(facts, settings)
+    verb = "installs" if len(served) == 1 else "install"
+    return f"use {chosen.name}", f"{' and '.join(served)} {verb} with {chosen.name}: {chosen.why}"
