@@ -15,10 +15,10 @@ and many hosts at once over it. A benchmark, not a test: it prints figures.
   `bootstrap` on all of them at once: wall time, and the laptop's CPU seconds per host (user +
   sys of our process, divided by the hosts).
 
-The jobs section (``--jobs``, or ``--jobs-only`` alone) times `gpu-provision run` (start a job and
-return) against `ssh host true` at each RTT, and the latency of `logs -f`: from the moment a job
-wrote a line (its own clock; the sandbox host is this machine) to the moment the reader printed
-it, median and 95th percentile.
+The jobs section (``--only jobs``, or listed with the others in ``--only``) times `gpu-provision
+run` (start a job and return) against `ssh host true` at each RTT, and the latency of `logs -f`:
+from the moment a job wrote a line (its own clock; the sandbox host is this machine) to the
+moment the reader printed it, median and 95th percentile.
 
 Usage, as root in the checkout after `make test` (ansible-core and pyinfra are the `bench`
 extra; they are installed into .venv when missing):
