@@ -170,11 +170,13 @@ def test_after_job_arms_only_once_that_job_has_run_and_ended(host: harness.HostI
                       f"{INTERVAL}s", "--after-job", "finetune", home=gp_home, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     busy_for_longer_than_idle(host, "job finetune has not run yet")  # idle, but not armed
-    ssh(host, "mkdir -p ~/.gpu-provision/jobs/finetune; setsid bash -c 'echo $$ > "
-              "~/.gpu-provision/jobs/finetune/pid; exec sleep 600' > /dev/null 2>&1 < /dev/null &")
-    busy_for_longer_than_idle(host, "job finetune (pid ")
+    # a job as `run --name finetune` makes it: its folder is its id, its name inside
+    jd = "~/.gpu-provision/jobs/finetune-1201-093000"
+    ssh(host, f"mkdir -p {jd}; echo finetune > {jd}/name; setsid bash -c 'echo $$ > "
+              f"{jd}/pid; exec sleep 600' > /dev/null 2>&1 < /dev/null &")
+    busy_for_longer_than_idle(host, "job finetune-1201-093000 (pid ")
     assert calls_since(host, n, "shutdown") == []
-    ssh(host, "kill $(cat ~/.gpu-provision/jobs/finetune/pid)")
+    ssh(host, f"kill $(cat {jd}/pid)")
     deadline = time.monotonic() + 60
     while not calls_since(host, n, "shutdown"):
         assert time.monotonic() < deadline, state(host)
