@@ -202,7 +202,7 @@ def early_link(target: Target, transport: str) -> Iterator[rsync.Link | None]:
     """The SSH connection rsync will use, opened now, in the background, while our own
     connection lists the host (None where rsync cannot be used from here, or the host key is
     not pinned yet: then rsync connects by itself)."""
-    prog = rsync.local_rsync() if transport != "sftp" and not target.password_env else None
+    prog = rsync.local_rsync() if transport != "sftp" and not rsync.prompted_login(target) else None
     if prog is None or not rsync.pinned_lines(target):
         yield None
         return

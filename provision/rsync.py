@@ -67,12 +67,22 @@ def local_rsync() -> tuple[str, str] | None:
     return (rsync, ssh) if version and version >= LOCAL_MIN else None
 
 
+def prompted_login(target: Target) -> str | None:
+    """What the login needs that OpenSSH in batch mode cannot give (None: nothing): rsync's ssh
+    would fail to authenticate, and its exit 255 reads as a lost link."""
+    if target.password_env or target.password:
+        return "the login needs a password (ssh would prompt for it)"
+    if target.passphrase:
+        return "the key needs its passphrase (ssh would prompt for it)"
+    return None
+
+
 def why_not(target: Target, local: tuple[str, str] | None, remote_version: str) -> str | None:
     """Why rsync cannot carry this transfer (None: it can)."""
     if local is None:
         return f"no rsync >= {'.'.join(map(str, LOCAL_MIN))} with ssh on this machine"
-    if target.password_env:
-        return "the login needs a password (ssh would prompt for it)"
+    if prompted := prompted_login(target):
+        return prompted
     version = parse_version(remote_version)
     if version is None:
         return "no rsync on the host"

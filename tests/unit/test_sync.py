@@ -236,3 +236,17 @@ def test_compare_shows_the_link_beside_the_price(tmp_path: Path) -> None:
     assert row.upload_100gb_h == round(100_000 / 12.5 / 3600, 2)
     assert row.upload_100gb_cost == round(100_000 / 12.5 / 3600 * 2.0, 2)
     assert _json.loads(_json.dumps(row.as_json()))["link_up_mbs"] == 12.5
+
+
+def test_rsync_is_not_used_for_a_login_ssh_would_have_to_prompt_for() -> None:
+    """A password (inventory or --prompt-for-login-password) or a key's passphrase: rsync's ssh
+    runs in batch mode and would fail as if the link dropped, so SFTP carries it."""
+    from provision.inventory import Target
+    from provision.rsync import why_not
+    local = ("/usr/bin/rsync", "/usr/bin/ssh")
+    assert why_not(Target(name="box", host="h"), local, "rsync  version 3.2.7  protocol version 31") is None
+    for kw in ({"password_env": "BOX_PW"}, {"password": "pw"}):
+        assert why_not(Target(name="box", host="h", **kw), local, "rsync  version 3.2.7") == \
+            "the login needs a password (ssh would prompt for it)"
+    assert why_not(Target(name="box", host="h", passphrase="pp"), local, "rsync  version 3.2.7") == \
+        "the key needs its passphrase (ssh would prompt for it)"
