@@ -105,7 +105,9 @@ def split_result(stdout: str) -> tuple[str, dict[str, Any] | None]:
 
 
 def _finish(ex: Executor, name: str, r_stdout: str, r_stderr: str, exit_code: int,
-            seconds: float, again: str) -> StepRun:
+            seconds: float, again: str, host_log: bool = True) -> StepRun:
+    """The step's outcome from its output; ``host_log`` False: a foreground body, which writes
+    no log on the host, so no error points there."""
     if exit_code == NO_EXIT_STATUS:
         raise ProvisionError(f"{ex.host}: the connection was lost during step {name!r} (the "
                              "network dropped, or the host rebooted). If the host is up the step "
@@ -121,13 +123,13 @@ def _finish(ex: Executor, name: str, r_stdout: str, r_stderr: str, exit_code: in
         known = diagnose({f"step {name}": text}, host=ex.host)
         hint = (f"{known[0].diagnosis} (seen: {known[0].evidence.split(': ', 1)[-1]}) "
                 f"{known[0].fix}\n" if known else "")
-        where = f"{ex.log_dir}/{name}.log and " if ex.log_dir else ""
-        raise RemoteError(ex.host, name, exit_code, text,
-                          fix=f"{hint}the full log is in {where}on the host in "
-                              f"~/.gpu-provision/logs/{name}.log")
+        places = ([f"{ex.log_dir}/{name}.log"] if ex.log_dir else []) + \
+            ([f"on the host in ~/.gpu-provision/logs/{name}.log"] if host_log else [])
+        fix = f"{hint}the full log is in {' and '.join(places)}" if places else hint.strip()
+        raise RemoteError(ex.host, name, exit_code, text, fix=fix)
     if line is None:
-        raise ProvisionError(f"{ex.host}: step {name!r} ended without its result line; see "
-                             f"~/.gpu-provision/logs/{name}.log on the host")
+        see = f"; see ~/.gpu-provision/logs/{name}.log on the host" if host_log else ""
+        raise ProvisionError(f"{ex.host}: step {name!r} ended without its result line{see}")
     return StepRun(name=name, log=log, exit_code=exit_code, result=line.get("result"),
                    size=int(line.get("size") or 0), seconds=seconds)
 
@@ -197,4 +199,5 @@ def run_foreground(ex: Executor, name: str, body: str, stdin: str | None = None,
     script = foreground_script(name, body)
     started = time.monotonic()
     r = ex.run(bash_script(script), step=name, check=False, stdin=stdin)
-    return _finish(ex, name, r.stdout, r.stderr, r.exit_code, time.monotonic() - started, again)
+    return _finish(ex, name, r.stdout, r.stderr, r.exit_code, time.monotonic() - started, again,
+                   host_log=False)
