@@ -50,14 +50,14 @@ def sync(c: Context, direction: str, src: str, dest: str | None = None,
 
     from . import data_sync, output, output_data
     from .autostop import parse_duration
-    from .errors import ProvisionError
+    from .errors import UsageError
     from .session import session
     from .store import Store
 
     if direction not in ("up", "down"):
-        raise ProvisionError(f"sync {direction!r}: say `sync up SRC` or `sync down SRC`")
+        raise UsageError(f"sync {direction!r}: say `sync up SRC` or `sync down SRC`")
     if watch and direction != "down":
-        raise ProvisionError("--watch pulls from the host: use it with `sync down`")
+        raise UsageError("--watch pulls from the host: use it with `sync down`")
     opts = data_sync.Options(tuple(exclude or ()), delete, dry_run, transport)
     store = Store()
     target = target_of(c)

@@ -26,8 +26,7 @@ from ..session import Session, open_executor
 from ..store import Store, run_id
 from ..taskkit import ONE_HOST, has_host, target_of
 from ..taskkit import notify as _notify
-from ..tasks_jobs import SHOWN
-from . import DEFAULT_PORT, remote
+from . import DEFAULT_PORT, SHOWN, remote
 from .distributed import Node, nproc_for, rendezvous, torchrun_argv
 from .monitor import Monitor, parse_sample
 from .reader import Position, Reader, load, position_path
@@ -126,12 +125,6 @@ def connecting(targets: Sequence[Target], store: Store) -> Iterator[Callable[[],
         finally:
             if pending.exception() is None:  # (waits for it) connected: close it
                 cm.__exit__(None, None, None)
-
-
-def idle_cost_notes(targets: Sequence[Target], view: Any = None) -> list[str]:
-    """Lines `jobs` and `watch` print under their tables about what idle GPUs cost (the hours
-    paid while nothing runs). The cost module fills this; nothing yet."""
-    return []
 
 
 def log_dirs(target: Target) -> tuple[str, ...]:
@@ -313,7 +306,7 @@ def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None 
     if json_:
         output.print_json([j.as_json(h.now) for h in listed for j in h.jobs])
     else:
-        output.jobs_table(listed, notes + idle_cost_notes(targets, listed))
+        output.jobs_table(listed, notes)
 
 
 
@@ -323,7 +316,7 @@ def kill(c: Context, job: str, grace: int = 10, hosts: str | None = None,
     """The `kill` task's body; its help is in provision/tasks_jobs.py."""
     check_ref(job)
     if grace < 0:
-        raise ProvisionError("--grace: seconds, 0 or more")
+        raise UsageError("--grace: seconds, 0 or more")
     targets = targets_of(c, hosts)
     store = Store()
 
@@ -347,7 +340,7 @@ def watch(c: Context, once: bool = False, json_: bool = False, interval: int = 2
           samples: int = 0, idle_minutes: float = 10.0, hosts: str | None = None) -> None:
     """The `watch` task's body; its help is in provision/tasks_jobs.py."""
     if interval < 1:
-        raise ProvisionError("--interval: 1 second or more")
+        raise UsageError("--interval: 1 second or more")
     targets = targets_of(c, hosts)
     names = [t.name for t in targets]
     monitor = Monitor(idle_minutes=idle_minutes)
@@ -385,7 +378,7 @@ def watch(c: Context, once: bool = False, json_: bool = False, interval: int = 2
 
             def view() -> Any:
                 with lock:
-                    return output.watch_view(monitor, names, idle_cost_notes(targets, monitor))
+                    return output.watch_view(monitor, names)
 
             with Live(view(), console=output.console, refresh_per_second=2) as live:
                 while any(th.is_alive() for th in threads):
@@ -403,8 +396,7 @@ def watch(c: Context, once: bool = False, json_: bool = False, interval: int = 2
         if json_:
             output.print_json(monitor.as_json(names))
         elif once:
-            output.console.print(output.watch_view(monitor, names,
-                                                   idle_cost_notes(targets, monitor)))
+            output.console.print(output.watch_view(monitor, names))
         failed = [n for n in names if n not in monitor.latest]
     if failed and len(failed) == len(names) and monitor.errors:
         raise ProvisionError("; ".join(monitor.errors[n] for n in failed if n in monitor.errors))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import validators as v
-from ..errors import ProvisionError
+from ..errors import ProvisionError, UsageError
 
 JOB_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 LAUNCHERS = ("auto", "tmux", "setsid")
@@ -65,10 +65,10 @@ def parse_gpus(text: str | None) -> tuple[int, ...] | None:
         return None
     parts = [p.strip() for p in text.split(",")]
     if not all(p.isdigit() for p in parts):
-        raise ProvisionError(f"--gpus: {text!r} is not a list of GPU indexes, e.g. 0,1 (or all)")
+        raise UsageError(f"--gpus: {text!r} is not a list of GPU indexes, e.g. 0,1 (or all)")
     gpus = tuple(int(p) for p in parts)
     if len(set(gpus)) != len(gpus):
-        raise ProvisionError(f"--gpus: {text!r} names a GPU twice")
+        raise UsageError(f"--gpus: {text!r} names a GPU twice")
     return gpus
 
 
@@ -90,14 +90,14 @@ def new_id(name: str, at: float | None = None) -> str:
 def check_name(name: str) -> str:
     problem = v.name(name)
     if problem:
-        raise ProvisionError(f"--name: {problem}")
+        raise UsageError(f"--name: {problem}")
     return name
 
 
 def check_ref(job: str) -> str:
     """A JOB argument: an id, a name (its newest job) or the start of an id."""
     if not JOB_REF_RE.match(job):
-        raise ProvisionError(f"JOB: {job!r} is not a job id or name (letters, digits, '.', '_', "
+        raise UsageError(f"JOB: {job!r} is not a job id or name (letters, digits, '.', '_', "
                              "'-'); `gpu-provision -H HOST jobs` lists them")
     return job
 

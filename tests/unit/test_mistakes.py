@@ -95,6 +95,15 @@ CASES = [
      "pinned host keys); tasks run their own steps", 2),
     ("workdir-not-a-folder", None, ["--workdir", "{tmp}/inventories", "compare"],
      "error: --workdir {tmp}/inventories: not a folder", 2),
+    # checked before connecting (nothing listens on port 9)
+    ("run-gpus-not-indexes", BOX, ["-H", "box", "run", "--gpus", "first", "--", "true"],
+     "error: --gpus: 'first' is not a list of GPU indexes, e.g. 0,1 (or all)", 2),
+    ("kill-negative-grace", BOX, ["-H", "box", "kill", "train", "--grace", "-1"],
+     "error: --grace: seconds, 0 or more", 2),
+    ("sync-sideways", BOX, ["-H", "box", "sync", "sideways", "data"],
+     "error: sync 'sideways': say `sync up SRC` or `sync down SRC`", 2),
+    ("sync-watch-up", BOX, ["-H", "box", "sync", "up", "data", "--watch", "*.pt"],
+     "error: --watch pulls from the host: use it with `sync down`", 2),
 ]
 
 
