@@ -442,13 +442,14 @@ def _gpu_holders(values: Mapping[str, str], facts: HostFacts | None, plan: Plan 
 
 
 def _reinstall_torch(plan: Plan | None, host: str) -> str:
+    """A reinstall of the same torch over its broken files: by hand, as the `torch` task keeps
+    a torch whose version passes the wheel rule (it only checks versions, not files)."""
     choice = plan.torch if plan is not None else None
     if choice is not None and plan is not None and plan.layout is not None:
         return (f"{plan.layout.python_bin} -m pip install --force-reinstall torch=={choice.torch} "
-                f"--index-url {choice.index_url} (or `gpu-provision -H {host} torch`)")
-    return (f"`gpu-provision -H {host} torch`, or by hand `python -m pip install "
-            "--force-reinstall torch==<version> --index-url <index>` with the index "
-            "`gpu-provision pick` names")
+                f"--index-url {choice.index_url}")
+    return ("`python -m pip install --force-reinstall torch==<version> --index-url <index>` in "
+            f"the env, with the index `gpu-provision pick` names for {host}'s driver and GPU")
 
 
 def _missing_lib(values: Mapping[str, str], facts: HostFacts | None, plan: Plan | None,
