@@ -10,10 +10,8 @@ from typing import Any
 
 from invoke.context import Context
 
-from .jobs import DEFAULT_PORT
+from .jobs import DEFAULT_PORT, SHOWN
 from .taskkit import reports_errors, task
-
-SHOWN = 10  # ended jobs `jobs` shows per host, newest first (running ones always)
 
 RUN_HELP = {
     "name": "the job's name (default: the script's, train for python train.py)",

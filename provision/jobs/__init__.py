@@ -17,3 +17,4 @@ GPUs a running job uses are its lock.
 """
 
 DEFAULT_PORT = 29500  # torchrun's default rendezvous port
+SHOWN = 10  # ended jobs `jobs` shows per host, newest first (running ones always)
