@@ -155,8 +155,11 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
                 instance_id=instance_id, util_max=gpu_util, mem_max_mib=gpu_mem)
             base = expand_home(settings.data_dir, facts.home) if settings.data_dir else None
             decision = autostop_mod.decide(platform, req, facts.home, base)
-            values = push_values(target)
-            if values:  # the platform's API key, if the inventory pushes one
+            # the platform's API key, if the inventory pushes one: pushed only when every
+            # push_env name is set here (the env file is written whole; a partial set would drop
+            # the host's other tokens); else the key already on the host is checked for
+            values = push_values(target, required=False)
+            if values and len(values) == len(target.settings.get("push_env") or ()):
                 run_step(s.ex, secrets_step(facts, values, digest(values)), s.run, output.console)
             autostop_mod.install(s.ex, decision, req, platform)
         view = autostop_mod.status_view(target.name, autostop_mod.raw_status(s.ex))

@@ -159,6 +159,17 @@ def test_vast_api_stop_with_the_pushed_key_never_written_down(host: harness.Host
     assert "fired: PUT https://console.vast.ai/api/v0/instances/4242/: HTTP 200" in status.stdout
     assert key not in status.stdout + status.stderr
 
+    # later, from a shell without the key (and another push_env name unset here): the key on
+    # the host serves, and the host's env file is left whole
+    pushed = env_file.read_text()
+    inv2 = host.inventory_with(tmp_path / "vast-box-2.yaml", platform="vast",
+                               push_env=["VAST_API_KEY", "WANDB_API_KEY"])
+    again = gpu_provision("-H", inv2, "autostop", "--idle", "1h", "--json", home=gp_home,
+                          cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout)["alive"] and env_file.read_text() == pushed
+    gpu_provision("-H", inv2, "autostop", "--cancel", home=gp_home, cwd=tmp_path)
+
 
 def test_after_job_arms_only_once_that_job_has_run_and_ended(host: harness.HostInfo,
                                                              gp_home: Path,
