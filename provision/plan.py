@@ -91,6 +91,24 @@ def driver_branch(caps: list[tuple[int, int]], facts: HostFacts | None = None
     return CURRENT_BRANCH, True, "Turing and newer: open kernel modules (NVIDIA's default since R560)"
 
 
+# steps whose change breaks a job under way: its env's files, its driver, a reboot
+UNDER_JOBS = ("driver", "reboot", "env", "torch", "packages")
+
+
+def busy_with_jobs(facts: HostFacts, host: str, steps: list[Step]) -> str | None:
+    """Why the plan waits: a job of ours runs and a step would change what it runs on (None:
+    no job runs, or nothing it uses changes; a no-op bootstrap and validate run beside jobs)."""
+    changing = [s.name for s in steps if s.changes and s.name in UNDER_JOBS]
+    if not facts.running_jobs or not changing:
+        return None
+    ids = ", ".join(f"{j} (pid {pid})" for j, pid in facts.running_jobs[:3])
+    more = f" and {len(facts.running_jobs) - 3} more" if len(facts.running_jobs) > 3 else ""
+    first = facts.running_jobs[0][0]
+    return (f"job {ids}{more} runs; the {', '.join(changing)} change would break it under way: "
+            f"wait for it to end (`gpu-provision -H {host} jobs`), or stop it first "
+            f"(`gpu-provision -H {host} kill {first}`)")
+
+
 def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platform,
               secrets: Mapping[str, str] | None = None, secrets_digest: str = "",
               revalidate: bool = False) -> Plan:
@@ -249,6 +267,8 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     if secrets:  # tokens change nothing validation measures; they go in before conda
         steps.insert(next(i for i, s in enumerate(steps) if s.name == "conda"),
                      secrets_step(facts, secrets, secrets_digest))
+    if blocked is None:
+        blocked = busy_with_jobs(facts, host, steps)
     if blocked:  # bootstrap runs nothing then: the plan says so instead of promising work
         steps = [nothing(s.name, f"not run while blocked (would {s.label})") if s.changes else s
                  for s in steps]

@@ -118,6 +118,7 @@ class HostFacts:
     fabric_manager: FabricManager | None = None  # None: not installed
     fabric: tuple[FabricState, ...] = ()  # per GPU, where the driver reports it
     uv_versions: tuple[str, ...] = ()  # our uv in ~/.gpu-provision/tools (ops/installer.py)
+    running_jobs: tuple[tuple[str, int], ...] = ()  # (job id, supervisor pid) of ours that run
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -367,6 +368,9 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         fabric=parse_fabric_states(*_out(probes, "fabric")),
         uv_versions=tuple(ln.strip() for ln in (_ok(probes, "uv_tools") or "").splitlines()
                           if ln.strip()),
+        running_jobs=tuple((w[0], int(w[1])) for w in (ln.split() for ln in
+                           (_ok(probes, "jobs_running") or "").splitlines())
+                           if len(w) == 2 and w[1].isdigit()),
     )
 
 

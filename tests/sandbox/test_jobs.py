@@ -349,6 +349,13 @@ def test_bootstrap_and_validate_run_while_a_job_runs(trained: harness.HostInfo, 
         assert "torch: nothing to do" in boot.stdout
         v = gp.ok("-H", inv, "validate")
         assert "verdict: PASS" in v.stdout
+        # a change to the env under the job waits for it, and says how to go on
+        more = trained.inventory_with(gp.cwd / "more.yaml", packages=["tqdm"])
+        held = gp("-H", more, "bootstrap")
+        assert held.returncode != 0
+        assert f"job {job} (pid " in held.stdout + held.stderr
+        assert "the packages change would break it under way" in held.stdout + held.stderr
+        assert f"kill {job}`" in held.stdout + held.stderr
         assert gp.jobs(inv)[job]["state"] == "running"
     finally:
         k = gp("-H", inv, "kill", job, "--json")
