@@ -60,7 +60,8 @@ SETTINGS_HELP = {"python": "env Python, e.g. 3.11", "recipe": "recipe name (reci
                  "torch": "torch spec: 2.5 | 2.5.1 | '>=2.4,<2.6'",
                  "platform": "platform profile name (recipes/platforms/<name>.yaml)",
                  "cuda_compat": "strict (default) or minor (NVIDIA minor-version compatibility)",
-                 "env_name": "conda env name"}
+                 "env_name": "the conda env, where not the platform's or the recipe's (torch), "
+                             "e.g. the one bootstrap --env-name made"}
 
 
 def _help(*names: str, **more: str) -> dict[str, str]:
@@ -131,16 +132,16 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
             "verdict": applied.verdict}
 
 
-@task(help=_help("recipe", "platform", json="print the steps, verdict and validation report "
-                                            "as JSON"))
+@task(help=_help("env_name", "recipe", "platform", json="print the steps, verdict and "
+                                                        "validation report as JSON"))
 @reports_errors
-def validate(c: Context, recipe: str | None = None, platform: str | None = None,
-             json_: bool = False) -> dict[str, Any]:
+def validate(c: Context, env_name: str | None = None, recipe: str | None = None,
+             platform: str | None = None, json_: bool = False) -> dict[str, Any]:
     """Run validate_gpu.py in the env and show the verdict (exit 1 on FAIL).
 
     Example: gpu-provision -H my-4090 validate
     """
-    o = _overrides(recipe=recipe, platform=platform)
+    o = _overrides(env_name=env_name, recipe=recipe, platform=platform)
     with _session(c) as s:
         p = s.plan(o, revalidate=True)
         p.require_env("validate")
@@ -197,9 +198,11 @@ def verify(c: Context, junit: str | None = None) -> None:
 
 @task(iterable=["log"], help={"log": "a file holding an error text to diagnose (repeatable; - "
                                      "reads standard input); without -H only these are read",
+                              "env_name": SETTINGS_HELP["env_name"],
                               "json": "print the findings as JSON"})
 @reports_errors
-def doctor(c: Context, log: list[str] | None = None, json_: bool = False) -> None:
+def doctor(c: Context, log: list[str] | None = None, env_name: str | None = None,
+           json_: bool = False) -> None:
     """Match the host's state and error texts against known failures and print each fix.
 
     Reads the facts (with the tail of each step's log on the host) in one remote execution, the
@@ -216,7 +219,7 @@ def doctor(c: Context, log: list[str] | None = None, json_: bool = False) -> Non
         report, logs = store.last_report(host), store.last_logs(host)  # before this run's own
         with _session(c) as s:
             f = s.facts(step_logs=True)
-            p = s.plan(facts=f)
+            p = s.plan(_overrides(env_name=env_name), facts=f)
         findings = diagnose(texts_for(f, report, logs, files), f, p, host=host)
     elif files:
         host = "<host>"
@@ -233,9 +236,10 @@ def doctor(c: Context, log: list[str] | None = None, json_: bool = False) -> Non
 
 
 @task(help={"download_mb": "MiB downloaded from each mirror (default 50)",
-            "json": "print the report as JSON"})
+            "env_name": SETTINGS_HELP["env_name"], "json": "print the report as JSON"})
 @reports_errors
-def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
+def bench(c: Context, download_mb: int = 50, env_name: str | None = None,
+          json_: bool = False) -> None:
     """Run the standard benchmark in the env and save reports/<host>/bench-<time>.json.
 
     matmul TFLOPS per dtype, memory and host-to-device bandwidth, a small CNN's training
@@ -250,8 +254,9 @@ def bench(c: Context, download_mb: int = 50, json_: bool = False) -> None:
 
     if download_mb < 0:
         raise UsageError(f"--download-mb: {download_mb} is below 0")
+    o = _overrides(env_name=env_name)
     with _session(c) as s:
-        p = s.plan()
+        p = s.plan(o)
         p.require_env("benchmark")
         assert p.facts is not None and p.layout is not None
         step = validate_ops.bench_step(p.facts, p.layout, p.settings, p.torch, download_mb)
@@ -320,13 +325,15 @@ def env_task(c: Context, python: str | None = None, env_name: str | None = None,
                                        platform=platform))
 
 
-@task(name="torch", help=_help("torch", "cuda_compat", "recipe", "platform"))
+@task(name="torch", help=_help("torch", "cuda_compat", "env_name", "recipe", "platform"))
 @reports_errors
 def torch_task(c: Context, torch: str | None = None, cuda_compat: str | None = None,
-               recipe: str | None = None, platform: str | None = None) -> None:
+               env_name: str | None = None, recipe: str | None = None,
+               platform: str | None = None) -> None:
     """Install the chosen torch build (and the recipe's packages) into the env, if needed."""
     _apply_only(c, {"torch", "packages"}, _overrides(torch=torch, cuda_compat=cuda_compat,
-                                                     recipe=recipe, platform=platform))
+                                                     env_name=env_name, recipe=recipe,
+                                                     platform=platform))
 
 
 DRIVER_STEPS = ("driver", "driver-hold", "fabric-manager")

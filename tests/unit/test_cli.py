@@ -180,3 +180,11 @@ def test_every_environment_variable_is_documented() -> None:
     assert read >= {"GPU_PROVISION_HOME", "GPU_PROVISION_WORKDIR", "GPU_PROVISION_INVENTORIES"}
     readme = (ROOT / "README.md").read_text()
     assert {v for v in read if f"| `{v}` |" not in readme} == set()
+
+
+def test_every_task_that_works_in_the_env_can_name_it() -> None:
+    """After `bootstrap --env-name mine`, each task that reads or changes that env can be told
+    so (without it they would look in the platform's env or the recipe's)."""
+    from provision.cli import namespace
+    takes = {ctx.name for ctx in namespace.to_contexts() if "env_name" in ctx.args}
+    assert {"bootstrap", "plan", "env", "torch", "validate", "bench", "doctor"} <= takes
