@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ProvisionError
+from .errors import ProvisionError, UsageError
 from .executor import Executor
 from .ops.layout import expand_home
 from .recipes import Platform, StopAction
@@ -38,7 +38,7 @@ def parse_duration(text: str, flag: str) -> float:
     t = text.strip().lower()
     parts = re.findall(r"(\d+(?:\.\d+)?)\s*([smhd]?)", t)
     if not t or not parts or re.sub(r"(\d+(?:\.\d+)?)\s*([smhd]?)", "", t).strip():
-        raise ProvisionError(f"{flag} {text!r}: not a duration; write e.g. 30m, 90s, 1h30m")
+        raise UsageError(f"{flag} {text!r}: not a duration; write e.g. 30m, 90s, 1h30m")
     return sum(float(n) * _UNITS[u] for n, u in parts)
 
 
@@ -86,22 +86,23 @@ class Decision:
         return self.spec.request or "-"
 
 
-def _validate(req: Request) -> None:
+def validate(req: Request) -> None:
+    """The flags' values, checked before connecting: a bad one is a usage error (exit 2)."""
     if req.idle < 1:
-        raise ProvisionError(f"--idle {req.idle}s: give at least a second")
+        raise UsageError(f"--idle {req.idle}s: give at least a second")
     if not 0.1 <= req.interval <= req.idle:
-        raise ProvisionError(f"--interval {req.interval}s: between 0.1s and the idle period")
+        raise UsageError(f"--interval {req.interval}s: between 0.1s and the idle period")
     if req.after_job is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}",
                                                       req.after_job):
-        raise ProvisionError(f"--after-job {req.after_job!r}: not a job name")
+        raise UsageError(f"--after-job {req.after_job!r}: not a job name")
     if req.instance_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,128}",
                                                         req.instance_id):
-        raise ProvisionError(f"--instance-id {req.instance_id!r}: not an instance id")
+        raise UsageError(f"--instance-id {req.instance_id!r}: not an instance id")
     if not 0 <= req.util_max <= 100 or req.mem_max_mib < 0:
-        raise ProvisionError("--gpu-util is a percentage (0..100) and --gpu-mem MiB (>= 0)")
+        raise UsageError("--gpu-util is a percentage (0..100) and --gpu-mem MiB (>= 0)")
     for flag, path in (("--save", req.save), ("--save-to", req.save_to)):
         if path is not None and (not path or "\n" in path or "\0" in path):
-            raise ProvisionError(f"{flag} {path!r}: not a path")
+            raise UsageError(f"{flag} {path!r}: not a path")
 
 
 def decide(platform: Platform, req: Request, home: str, base: str | None = None) -> Decision:
@@ -109,7 +110,7 @@ def decide(platform: Platform, req: Request, home: str, base: str | None = None)
     to say instead) for an action that would delete data not given up explicitly, one that does
     not end the billing, or one the platform cannot do. A relative ``--save`` is under ``base``
     (the data dir, as for sync), else the home."""
-    _validate(req)
+    validate(req)
     prof = platform.autostop
     known = ", ".join(k for k, a in prof.actions.items() if not a.refused) or "none"
     name = req.action or prof.default

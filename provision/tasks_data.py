@@ -136,6 +136,13 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
     from .store import Store
 
     target = target_of(c)
+    req = None
+    if not (cancel or status):  # the flags are checked before connecting (exit 2)
+        req = autostop_mod.Request(
+            idle=parse_duration(idle, "--idle"), interval=parse_duration(interval, "--interval"),
+            after_job=after_job, action=action, save=save, save_to=save_to,
+            instance_id=instance_id, util_max=gpu_util, mem_max_mib=gpu_mem)
+        autostop_mod.validate(req)
     with session(target, Store(), _notify) as s:
         if cancel:
             removed = autostop_mod.cancel(s.ex)
@@ -145,14 +152,10 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
                 output.console.print(f"autostop: {target.name}: "
                                      + ("removed" if removed else "was not set"))
             return
-        if not status:
+        if req is not None:
             facts = s.facts()
             settings = settings_for(target, facts.platform)
             platform = load_platform(settings.platform)
-            req = autostop_mod.Request(
-                idle=parse_duration(idle, "--idle"), interval=parse_duration(interval, "--interval"),
-                after_job=after_job, action=action, save=save, save_to=save_to,
-                instance_id=instance_id, util_max=gpu_util, mem_max_mib=gpu_mem)
             base = expand_home(settings.data_dir, facts.home) if settings.data_dir else None
             decision = autostop_mod.decide(platform, req, facts.home, base)
             # the platform's API key, if the inventory pushes one: pushed only when every

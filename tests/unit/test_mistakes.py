@@ -104,6 +104,11 @@ CASES = [
      "error: sync 'sideways': say `sync up SRC` or `sync down SRC`", 2),
     ("sync-watch-up", BOX, ["-H", "box", "sync", "up", "data", "--watch", "*.pt"],
      "error: --watch pulls from the host: use it with `sync down`", 2),
+    ("autostop-idle-not-a-duration", BOX, ["-H", "box", "autostop", "--idle", "half an hour"],
+     "error: --idle 'half an hour': not a duration; write e.g. 30m, 90s, 1h30m", 2),
+    ("autostop-interval-over-idle", BOX, ["-H", "box", "autostop", "--idle", "1m",
+                                          "--interval", "2m"],
+     "error: --interval 120.0s: between 0.1s and the idle period", 2),
 ]
 
 
