@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -266,8 +266,7 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         if state is None:
             gpus = parse_query_gpu(q_out)
     # a driver without the field, or one answering [N/A] for it: the model's, from its name
-    gpus = tuple(g if g.compute_cap else g.__class__(**{**asdict(g), "compute_cap": cc_from_name(g.name)})
-                 for g in gpus)
+    gpus = tuple(g if g.compute_cap else replace(g, compute_cap=cc_from_name(g.name)) for g in gpus)
     detail = STATE_TEXT[state or "ok"]
     if state == "nvml_mismatch":
         lib = nvml_library_version(q_out)
