@@ -3,6 +3,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# test processes side by side (pytest-xdist), one test file each at a time: the sandbox tests
+# mostly wait on their hosts, so more than the 2 cores of a CI machine pay; 0 runs in one process
+TEST_WORKERS ?= 3
 # Debian/Ubuntu packages the sandbox hosts use: sshd, the distro's Python with venv (stand-ins,
 # test installer), curl (downloads on the hosts), ss (listen check), unshare/nsenter, and
 # chromium (headless: the compare page's chart must render in a real browser), rsync (sync's
@@ -39,7 +42,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
 test: $(VENV)/.installed system-deps lint
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 demo: $(VENV)/.installed system-deps
 	$(PY) -m tests.sandbox demo

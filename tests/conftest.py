@@ -21,15 +21,23 @@ CI = os.environ.get("CI") == "true"
 ALLOWED_SKIPS = ROOT / "tests" / "allowed_skips.txt"
 
 
+def _worker(config: pytest.Config) -> bool:
+    """True in a test process that pytest-xdist started (pytest -n): it runs beside others."""
+    return hasattr(config, "workerinput")
+
+
 @pytest.fixture(scope="session")
-def sandbox_ready() -> Iterator[None]:
+def sandbox_ready(pytestconfig: pytest.Config) -> Iterator[None]:
     problem = harness.why_unavailable()
     if problem:
         if CI:  # a green CI run must have run the sandbox tier
             pytest.fail(f"sandbox hosts unavailable under CI: {problem}", pytrace=False)
         pytest.skip(f"sandbox hosts unavailable: {problem}")
     yield
-    harness.stop_all()
+    if _worker(pytestconfig):
+        harness.stop_started()  # the other processes' hosts and the mirror are still in use
+    else:
+        harness.stop_all()
 
 
 def allowed_skips() -> list[tuple[str, str]]:
@@ -43,6 +51,37 @@ def allowed_skips() -> list[tuple[str, str]]:
 
 
 _SKIPPED: list[tuple[str, str]] = []
+
+# Test files by the seconds they took alone on a 2-core machine (`--durations=0`, summed per
+# file), heaviest first. Under `pytest -n` each process takes the next file in collection order
+# (--dist loadfile --no-loadscope-reorder), so the long ones start first and the processes end
+# together; a file not listed runs after these. The order changes how long a run takes, never
+# what it checks.
+HEAVIEST_FIRST = (
+    "sandbox/test_jobs.py",  # 124 s
+    "sandbox/test_gpu_bootstrap.py",  # 98 s
+    "sandbox/test_meet_the_host.py",  # 89 s
+    "sandbox/test_faults.py",  # 76 s
+    "sandbox/test_installer.py",  # 72 s
+    "sandbox/test_bootstrap.py",  # 58 s
+    "sandbox/test_provisioned.py",  # 46 s
+    "sandbox/test_autostop.py",  # 42 s
+    "sandbox/test_wheel.py",  # 38 s
+    "sandbox/test_hardening.py",  # 32 s
+    "sandbox/test_mirror.py",  # 25 s
+    "sandbox/test_many_hosts.py",  # 23 s
+    "sandbox/test_standins.py",  # 22 s
+    "sandbox/test_driver.py",  # 21 s
+    "sandbox/test_data_sync.py",  # 19 s
+    "sandbox/test_facts_on_hosts.py",  # 16 s
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def weight(item: pytest.Item) -> int:
+        rel = item.path.relative_to(ROOT / "tests").as_posix()
+        return HEAVIEST_FIRST.index(rel) if rel in HEAVIEST_FIRST else len(HEAVIEST_FIRST)
+    items.sort(key=weight)  # stable: tests keep their order within a file
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -69,6 +108,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if CI and _unexpected() and exitstatus == 0:
         session.exitstatus = 1
+    if session.config.getoption("numprocesses", None) and not _worker(session.config) \
+            and harness.why_unavailable() is None:
+        harness.stop_all()  # every test process has ended: the mirror and any leftover host
 
 
 class Hosts:

@@ -7,6 +7,7 @@ stand-ins (``standin.py``). Needs root, ``unshare`` and Debian's openssh-server.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,22 @@ STANDINS_BY_TOOLS = {
 
 def sandbox_dir() -> Path:
     return Path(os.environ.get("GPU_SANDBOX_DIR", "/tmp/gpu-sandbox"))
+
+
+@contextmanager
+def allocating() -> Iterator[None]:
+    """Held while a host takes its name, address and port, or the mirror starts: test processes
+    running side by side (pytest -n) share one sandbox dir and one mirror."""
+    base = sandbox_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+# the hosts this process started and has not stopped: a test process running beside others
+# stops only its own when it ends (stop_started), the last one stops everything (stop_all)
+_STARTED: list[str] = []
 
 
 def why_unavailable() -> str | None:
@@ -128,10 +147,17 @@ def profiles() -> list[str]:
 
 def client_key() -> Path:
     key = sandbox_dir() / "id_ed25519"
-    if not key.exists():
-        key.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpu-sandbox",
-                        "-f", str(key)], check=True)
+    if key.exists():
+        return key
+    with allocating():
+        if not key.exists():  # made under a temporary name: others see both files or none
+            tmp = key.with_name("id_ed25519.new")
+            for leftover in (tmp, tmp.with_suffix(".new.pub")):
+                leftover.unlink(missing_ok=True)
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpu-sandbox",
+                            "-f", str(tmp)], check=True)
+            tmp.with_suffix(".new.pub").rename(key.with_suffix(".pub"))
+            tmp.rename(key)
     return key
 
 
@@ -407,16 +433,20 @@ def start(profile_name: str, password: str | None = None, reboot_delay: float = 
     base = sandbox_dir()
     base.mkdir(parents=True, exist_ok=True)
     mir = mirror.ensure()
-    n = 1
-    while (base / "hosts" / f"{profile_name}-{n}").exists():
-        n += 1
-    hid = f"{profile_name}-{n}"
-    root = base / "hosts" / hid
-    used = {json.loads((p / "info.json").read_text())["host"]
-            for p in (base / "hosts").glob("*") if (p / "info.json").exists()}
-    ip = next(f"127.0.0.{i}" for i in range(10, 250) if f"127.0.0.{i}" not in used)
-    port = _free_port(ip, 2222)
-    root.mkdir(parents=True)
+    client_key()
+    with allocating():
+        n = 1
+        while (base / "hosts" / f"{profile_name}-{n}").exists():
+            n += 1
+        hid = f"{profile_name}-{n}"
+        root = base / "hosts" / hid
+        used = {(p / "address").read_text() for p in (base / "hosts").glob("*")
+                if (p / "address").exists()}
+        ip = next(f"127.0.0.{i}" for i in range(10, 250) if f"127.0.0.{i}" not in used)
+        port = _free_port(ip, 2222)
+        root.mkdir(parents=True)
+        (root / "address").write_text(ip)  # taken from here on, before sshd listens on it
+        _STARTED.append(hid)
     _prepare(root, hid, profile_name, profile, ip, port, password, reboot_delay)
     log = open(root / "hostd.log", "ab")
     proc = subprocess.Popen(["unshare", "--mount", "--uts", "--propagation", "private",
@@ -490,6 +520,17 @@ def stop(hid: str) -> None:
             except ProcessLookupError:
                 pass
     shutil.rmtree(root, ignore_errors=True)
+    if hid in _STARTED:
+        _STARTED.remove(hid)
+
+
+def stop_started() -> None:
+    """Stop the hosts this process started (others' hosts and the mirror keep running)."""
+    for hid in list(_STARTED):
+        if (sandbox_dir() / "hosts" / hid).exists():
+            stop(hid)
+        else:
+            _STARTED.remove(hid)
 
 
 def stop_all() -> None:

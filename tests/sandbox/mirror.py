@@ -467,6 +467,12 @@ def _alive(state: dict[str, Any]) -> bool:
 
 def ensure() -> dict[str, str]:
     """Start the mirror unless it runs; returns its URLs."""
+    from .harness import allocating
+    with allocating():  # one mirror for every test process sharing the sandbox dir
+        return _ensure()
+
+
+def _ensure() -> dict[str, str]:
     sf = _state_file()
     if sf.exists():
         state = json.loads(sf.read_text())

@@ -78,7 +78,9 @@ class Gp:
         return gpu_provision(*args, home=self.home, cwd=self.cwd, env=env, timeout=timeout)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
-        env = dict(os.environ, GPU_PROVISION_HOME=str(self.home), COLUMNS="200")
+        # faulthandler: a reader that hangs prints where each of its threads stood (rest_of)
+        env = dict(os.environ, GPU_PROVISION_HOME=str(self.home), COLUMNS="200",
+                   PYTHONFAULTHANDLER="1")
         return subprocess.Popen([sys.executable, "-m", "provision", *args], cwd=self.cwd, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -183,7 +185,13 @@ def rest_of(proc: subprocess.Popen[str]) -> tuple[str, str]:
     """Its output to the end, through the same buffered files ``lines_of`` read from
     (communicate() would skip what they hold already)."""
     assert proc.stdout is not None and proc.stderr is not None
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack, then it ends
+        proc.wait(timeout=30)
+        pytest.fail(f"{proc.args} did not end in 60 s; where it stood:\n"
+                    f"{proc.stdout.read()[-3000:]}\n{proc.stderr.read()[-12000:]}")
     return proc.stdout.read(), proc.stderr.read()
 
 

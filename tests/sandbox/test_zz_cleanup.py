@@ -1,4 +1,5 @@
-"""Runs last (file order): stopping everything leaves no sandbox sshd, supervisor or mirror."""
+"""Stopping everything leaves no sandbox sshd, supervisor or mirror (in a sandbox dir of its own:
+the rest of the suite may be using the shared one beside it, under pytest -n)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ def sandbox_processes() -> list[str]:
     return found
 
 
-def test_stop_all_leaves_nothing_running(sandbox_ready: None) -> None:
+def test_stop_all_leaves_nothing_running(sandbox_ready: None, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_SANDBOX_DIR", str(tmp_path / "sandbox"))
     harness.start("cpu-only")
     assert sandbox_processes()
     harness.stop_all()
