@@ -23,6 +23,8 @@ MIRRORS_SCHEMA = {
         not v.url(x) or not v.name(x) for x in xs) else f"{xs!r}: each channel is a name or URL"),
     "pypi": Check((str, [str]), v.urls),
     "pytorch": Check((str, [str]), v.urls),
+    # seconds each listed mirror has to answer before the next is tried (slow links: raise it)
+    "timeout": Check(int, v.seconds(1, 300)),
 }
 
 RECIPE_SCHEMA = {
@@ -97,13 +99,14 @@ class Mirrors:
     ``Miniconda3-<version>-Linux-<arch>.sh``; ``pytorch`` a prefix holding ``<variant>/`` indexes.
 
     ``miniconda``, ``pypi`` and ``pytorch`` are lists tried in order on the host: the first that
-    answers within a bounded time is used (a 404 or a hang moves on to the next)."""
+    answers within ``timeout`` seconds is used (a 404 or a hang moves on to the next)."""
 
     apt: str | None = None
     miniconda: tuple[str, ...] = ("https://repo.anaconda.com/miniconda",)
     conda_channels: tuple[str, ...] = ("conda-forge",)
     pypi: tuple[str, ...] = ("https://pypi.org/simple",)
     pytorch: tuple[str, ...] = ("https://download.pytorch.org/whl",)
+    timeout: int = 10  # seconds a mirror has to answer before the next one listed is tried
 
     def merged(self, overrides: Mapping[str, Any] | None) -> Mirrors:
         if not overrides:

@@ -75,6 +75,12 @@ def port(value: int) -> str | None:
     return None if 1 <= value <= 65535 else f"{value} is not a TCP port (1..65535)"
 
 
+def seconds(low: int, high: int):  # type: ignore[no-untyped-def]
+    def check(value: int) -> str | None:
+        return None if low <= value <= high else f"{value} must be whole seconds, {low} to {high}"
+    return check
+
+
 def abs_path(value: str) -> str | None:
     if not value.startswith(("/", "~")) or "\n" in value or "\x00" in value:
         return f"{value!r} must be an absolute path (or start with ~)"

@@ -11,7 +11,6 @@ from .layout import Layout
 from .step import Step, inputs_hash, nothing
 
 DEFAULT_PYPI = "https://pypi.org/simple"
-MIRROR_TIMEOUT = 10  # seconds a mirror has to answer before the next one listed is tried
 
 
 def configured_pypi(settings: Settings) -> tuple[str, ...]:
@@ -41,7 +40,7 @@ def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
     file = f"Miniconda3-{version}-Linux-{arch}.sh"
     body = render("conda.sh.j2", prefix=lay.conda_root, bases=m.miniconda, file=file,
                   sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
-                  pypi=configured_pypi(settings), mirror_timeout=MIRROR_TIMEOUT)
+                  pypi=configured_pypi(settings), mirror_timeout=m.timeout)
     return Step("conda", f"no conda on the host; {file} from {listed(m.miniconda)}, sha256 "
                 f"checked{why}", action=f"install Miniconda at {lay.conda_root}", body=body,
                 inputs=inputs_hash(file=file, base=m.miniconda, channels=m.conda_channels,

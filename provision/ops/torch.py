@@ -27,7 +27,7 @@ from ..facts.host import CondaEnv, HostFacts, cc_from_name
 from ..inventory import Settings
 from ..paths import package_source
 from ..templating import render
-from .conda import MIRROR_TIMEOUT, configured_pypi, listed
+from .conda import configured_pypi, listed
 from .installer import choose_installer
 from .layout import INTERRUPTED, Layout, find_env
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
@@ -166,7 +166,7 @@ def torch_step(facts: HostFacts, settings: Settings, lay: Layout,
                             if any(c.get(p) for c in cands) or p == "torch"],
                   candidates=json.dumps(cands), index_dir=INDEX_DIR, accept=simpleindex.ACCEPT,
                   simpleindex=package_source("simpleindex.py"),
-                  mirror_timeout=MIRROR_TIMEOUT, repair=repair,
+                  mirror_timeout=settings.mirrors.timeout, repair=repair,
                   **choose_installer(facts, settings).template_vars())
     reason = INTERRUPTED if repair else \
         f"{why}{replace}{'; '.join(choice.reasons)}; {mc.note}"
@@ -190,7 +190,7 @@ def packages_step(facts: HostFacts, settings: Settings, lay: Layout,
             and "packages" not in facts.interrupted and not fresh_env:
         return nothing("packages", f"{' '.join(settings.packages)} installed (journal)")
     body = render("packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
-                  pypi=configured_pypi(settings), mirror_timeout=MIRROR_TIMEOUT,
+                  pypi=configured_pypi(settings), mirror_timeout=settings.mirrors.timeout,
                   **choose_installer(facts, settings).template_vars())
     return Step("packages", f"recipe {settings.recipe}, from {listed(pypi)}, torch pinned",
                 action="install " + " ".join(settings.packages), body=body, inputs=h)

@@ -136,6 +136,21 @@ def test_after_a_read_the_plan_chooses_what_the_mirror_serves_and_names_the_lag(
     assert _torch(_plan(cached, mirror="http://other/whl"))[0] == "install torch 2.14.1+cpu"
 
 
+def test_each_step_that_reaches_a_mirror_gives_it_the_timeout_set() -> None:
+    """mirrors.timeout (10 s unless set) bounds every mirror's answer in the conda, torch and
+    packages scripts; a slow link raises it in the inventory."""
+    def bodies(**mirrors: object) -> dict[str, str]:
+        settings = settings_for(Target(name="box", host="h", settings={
+            "packages": ["numpy"], "mirrors": {"pytorch": "http://m/whl", **mirrors}}), None)
+        plan = make_plan("box", captured("cpu-only"), settings, load_platform(settings.platform))
+        return {s.name: s.body for s in plan.steps if s.name in ("conda", "torch", "packages")}
+    default, slow = bodies(), bodies(timeout=45)
+    assert sorted(slow) == ["conda", "packages", "torch"]
+    for name, body in slow.items():
+        assert "--connect-timeout 45" in body and "--connect-timeout 10" not in body, name
+        assert "--connect-timeout 10" in default[name], name
+
+
 def test_once_installed_the_replan_has_nothing_left_to_do() -> None:
     done = captured("cpu-only-bootstrapped")
     after = captured("cpu-only-bootstrapped", {"torch_index": _cache_line("cpu", ["2.13.0"],
