@@ -96,7 +96,9 @@ class Host:
         if blacklisted and st.get("initramfs_blacklists_nouveau"):
             st["nouveau"] = False
         st["boots"] = st.get("boots", 0) + 1
-        state_path.write_text(json.dumps(st, indent=1))
+        tmp = state_path.with_name("state.json.tmp")  # renamed: a reader never sees half of it
+        tmp.write_text(json.dumps(st, indent=1))
+        tmp.replace(state_path)
         (self.root / "boot_id").write_text(str(uuid.uuid4()) + "\n")
         with (self.lib / "reboots.log").open("a") as f:
             f.write(f"{time.time()}\n")
