@@ -116,8 +116,28 @@ class HostInfo:
         """A copy of this host's inventory with some keys changed (a bad sha256, a proxy port)."""
         data = yaml.safe_load(Path(self.inventory).read_text())
         data.update(changes)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(yaml.safe_dump(data))
         return str(dest)
+
+    def inventory_with_mirrors(self, dest: Path, mirrors: dict[str, Any], **changes: Any) -> str:
+        """``inventory_with``, with some of its mirrors changed (the others kept)."""
+        data = yaml.safe_load(Path(self.inventory).read_text())
+        return self.inventory_with(dest, mirrors={**data["mirrors"], **mirrors}, **changes)
+
+    def step_waited_on(self, step: str) -> bool:
+        """A run's foreground is attached to ``step`` on the host: it holds the step's waiter
+        lock (step.sh.j2), which a re-attaching run takes once the last one let go."""
+        waiter = self.path(f"/root/.gpu-provision/steps/{step}.waiter")
+        if not waiter.exists():
+            return False
+        with waiter.open("a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
 
     def path(self, inside: str) -> Path:
         """A path of the host's file system, as it lies on this machine (for checks)."""

@@ -16,6 +16,9 @@
 - ``/overlay/<name>/simple/``: the PyPI mirror as a test shapes it with ``overlay()``: extra
   wheels added to their projects (a fake ``torch`` of a higher version), projects it lacks (a
   mirror without uv), projects whose files are altered on the way (under their genuine sha256).
+- ``/gated/<name>/pytorch/<variant>/``: the PyTorch indexes again, whose wheels stop after
+  their first MiB while the test holds the gate ``<name>`` shut (``gate()``): an install that is
+  downloading for as long as the test needs it to be, on any machine, with no timing guess.
 
 Each wheel's link carries its core metadata's sha256 (PEP 658, under PEP 714's attribute name),
 served at the wheel's URL +
@@ -246,10 +249,15 @@ def page(title: str, links: list[tuple[str, str]], metadata: dict[str, str] | No
             f"<title>{html.escape(title)}</title></head><body>\n{body}\n</body></html>\n").encode()
 
 
+GATE_OPEN_AFTER = 600  # seconds a gate holds a download at most (a test that never opens it)
+
+
 class Handler(SimpleHTTPRequestHandler):
     content: Content
     sent = 0  # body bytes sent for the request being served
     code: int | str = "-"
+    prefix = ""  # "/gated/<name>" for a request under a gate: its pages link there too
+    gate = ""
 
     def log_message(self, fmt: str, *args: Any) -> None:
         with open(self.content.root / "access.log", "a") as f:
@@ -279,6 +287,20 @@ class Handler(SimpleHTTPRequestHandler):
             while chunk := f.read(1 << 20):
                 self.wfile.write(chunk)
                 self.sent += len(chunk)
+                if self.gate and path.name.endswith(".whl"):
+                    self.wait_at_gate()
+
+    def wait_at_gate(self) -> None:
+        """Hold this download while the gate is shut; ``<gate>.held`` says one is held."""
+        shut = self.content.root / "gates" / self.gate
+        held = shut.with_name(f"{self.gate}.held")
+        deadline = time.monotonic() + GATE_OPEN_AFTER
+        if shut.exists():
+            held.touch()
+        while shut.exists() and time.monotonic() < deadline:
+            self.wfile.flush()
+            time.sleep(0.1)
+        self.gate = ""  # the rest of the file goes at once
 
     def send_upstream(self, url: str) -> None:
         if not url.startswith("https://"):
@@ -377,6 +399,10 @@ class Handler(SimpleHTTPRequestHandler):
         c = self.content
         # split before unquoting: an upstream file ref is one %-encoded URL segment
         parts = [unquote(p) for p in urlparse(self.path).path.split("/") if p]
+        self.prefix = self.gate = ""
+        if parts[:1] == ["gated"] and len(parts) >= 3 and re.fullmatch(r"[a-z0-9-]+", parts[1]):
+            self.gate, parts = parts[1], parts[2:]
+            self.prefix = f"/gated/{self.gate}"
         try:
             if parts[:1] == ["miniconda"]:
                 f = c.miniconda / (parts[1] if len(parts) > 1 else "index.html")
@@ -416,7 +442,8 @@ class Handler(SimpleHTTPRequestHandler):
                     files = list(c.project_links(project))
                 if not files:
                     return self.send_error(404)
-                links = [(n, f"/files/{ref}#sha256={self.hash_of(ref)}") for n, ref in files]
+                links = [(n, f"{self.prefix}/files/{ref}#sha256={self.hash_of(ref)}")
+                         for n, ref in files]
                 return self.send_bytes(page(f"Links for {project}", links,
                                             self.metadata_hashes(files)))
             if parts[:1] == ["conda"]:
@@ -535,6 +562,28 @@ def overlay(name: str, *, wheels: Iterable[Path] = (), hide: Iterable[str] = (),
     (folder / "overlay.json").write_text(json.dumps({"hide": sorted(map(norm, hide)),
                                                      "tamper": sorted(map(norm, tamper))}))
     return f"{base}/overlay/{name}/simple"
+
+
+class Gate:
+    """A gate on the mirror's PyTorch indexes (``url``: a ``mirrors.pytorch`` prefix). Shut from
+    the start: each wheel from there stops after its first MiB until ``open()``."""
+
+    def __init__(self, name: str):
+        if not re.fullmatch(r"[a-z0-9-]+", name):
+            raise ValueError(f"gate name {name!r}: lower-case letters, digits and '-' only")
+        base = ensure()["url"]
+        self.shut = _state_file().parent / "gates" / name
+        self.shut.parent.mkdir(parents=True, exist_ok=True)
+        self.shut.with_name(f"{name}.held").unlink(missing_ok=True)
+        self.shut.touch()
+        self.url = f"{base}/gated/{name}/pytorch"
+
+    def holding(self) -> bool:
+        """A download has reached the gate and waits there (it stays true once it did)."""
+        return self.shut.with_name(f"{self.shut.name}.held").exists()
+
+    def open(self) -> None:
+        self.shut.unlink(missing_ok=True)
 
 
 def log_offset() -> int:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import yaml
 
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
-from tests.sandbox.mirror import TAMPERED
+from tests.sandbox.mirror import TAMPERED, Gate
 from tests.sandbox.proxy import TcpProxy
 
 # the installer the mirror serves, and what arrives when it is altered on the way
@@ -28,25 +29,40 @@ ALTERED = hashlib.sha256(INSTALLER + TAMPERED).hexdigest()
 pytestmark = pytest.mark.sandbox
 
 
+def wait_until(cond: Callable[[], object], what: str,
+               proc: subprocess.Popen[str] | None = None, timeout: float = 120) -> None:
+    """Poll ``cond`` until true; fail with ``what`` (and the run's output, if it ended first)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc is None or proc.poll() is None, proc.communicate() if proc else ""
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
 def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
     info = hosts.fresh("cpu-only")
+    gate = Gate(info.id)  # the torch download waits there: the step holds the lock until opened
     try:
+        # named as the host's own inventory: its logs and reports keep the host's name
+        inv = info.inventory_with_mirrors(tmp_path / "gated" / Path(info.inventory).name,
+                                          {"pytorch": gate.url})
         owner = info.path("/root/.gpu-provision/locks/host.owner")
-        first = subprocess.Popen([sys.executable, "-m", "provision", "-H", info.inventory,
+        first = subprocess.Popen([sys.executable, "-m", "provision", "-H", inv,
                                   "bootstrap"], cwd=tmp_path, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True,
                                  env={**os.environ,
                                       "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"})
         deadline = time.monotonic() + 120
-        while not (owner.exists() and "step torch" in owner.read_text()):
+        while not (owner.exists() and "step torch" in owner.read_text() and gate.holding()):
             assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline, "the torch step never started"
+            assert time.monotonic() < deadline, "the torch step never started downloading"
             time.sleep(0.2)
-        second = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path)
+        second = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path)
         assert second.returncode == 1
         assert "another run holds the lock on this host" in second.stderr
         assert "step torch since" in second.stderr and "pid" in second.stderr
 
+        gate.open()
         out, err = first.communicate(timeout=600)
         assert first.returncode == 0, out + err
         assert "verdict: PASS" in out
@@ -71,7 +87,7 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
         torch_dir = info.path("/root/miniconda3/envs/torch/lib/python3.11/site-packages/torch")
         stamp = torch_dir.stat().st_mtime_ns
         before = len(info.sessions())
-        again = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path)
+        again = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path)
         assert again.returncode == 0, again.stderr
         assert len(info.sessions()) - before == 1
         for step in ("conda", "env", "torch"):
@@ -92,10 +108,11 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
             time.sleep(0.1)
         harness._wait_ssh(info.host, info.port)
         before = len(info.sessions())
-        rebooted = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path)
+        rebooted = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path)
         assert rebooted.returncode == 0, rebooted.stderr
         assert len(info.sessions()) - before == 2 and "verdict: PASS" in rebooted.stdout
     finally:
+        gate.open()
         harness.stop(info.id)
 
 
@@ -121,10 +138,9 @@ def test_tampered_miniconda_is_refused_by_the_published_sha256(hosts: Hosts, gp_
     the middle, a broken CDN edge). Bootstrap refuses it and installs nothing."""
     info = hosts.fresh("cpu-only")
     try:
-        inv = yaml.safe_load(Path(info.inventory).read_text())
-        assert "miniconda_sha256" not in inv
-        path = info.inventory_with(tmp_path / "tampered.yaml", mirrors={
-            **inv["mirrors"], "miniconda": info.mirror["miniconda_tampered"]})
+        assert "miniconda_sha256" not in yaml.safe_load(Path(info.inventory).read_text())
+        path = info.inventory_with_mirrors(tmp_path / "tampered.yaml",
+                                           {"miniconda": info.mirror["miniconda_tampered"]})
         r = gpu_provision("-H", path, "bootstrap", home=gp_home, cwd=tmp_path)
         assert r.returncode == 1
         assert "step 'conda' failed with exit code 3" in r.stderr
@@ -151,19 +167,17 @@ def test_dropped_connection_during_pip_then_reattach(hosts: Hosts, gp_home: Path
     next bootstrap re-attaches to it and finishes."""
     info = hosts.fresh("cpu-only")
     proxy = TcpProxy((info.host, info.port))
+    gate = Gate(info.id)  # the install stays mid-download until the next run has re-attached
     try:
-        path = info.inventory_with(tmp_path / "via-proxy.yaml", host="127.0.0.1", port=proxy.port)
+        path = info.inventory_with_mirrors(tmp_path / "via-proxy.yaml", {"pytorch": gate.url},
+                                           host="127.0.0.1", port=proxy.port)
         env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"}
         first = subprocess.Popen([sys.executable, "-m", "provision", "-H", path, "bootstrap"],
                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, env=env)
         pidf = info.path("/root/.gpu-provision/steps/torch.pid")
-        deadline = time.monotonic() + 120
-        while not pidf.exists():
-            assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        time.sleep(2)  # pip is downloading now
+        wait_until(lambda: pidf.exists() and gate.holding(), "the torch download never began",
+                   first)
         proxy.cut()
         out, err = first.communicate(timeout=60)
         assert first.returncode != 0  # the laptop lost the host mid-step ...
@@ -171,16 +185,25 @@ def test_dropped_connection_during_pip_then_reattach(hosts: Hosts, gp_home: Path
         pid = int(pidf.read_text().split()[0])
         assert Path(f"/proc/{pid}").exists()  # ... but the install goes on, detached
 
-        again = gpu_provision("-H", path, "bootstrap", home=gp_home, cwd=tmp_path)
-        assert again.returncode == 0, again.stdout + again.stderr
+        # the cut run's waiter on the host ends at its next heartbeat; the next run takes its
+        # place, and only then may the download finish
+        wait_until(lambda: not info.step_waited_on("torch"), "the cut run's waiter never ended")
+        again = subprocess.Popen([sys.executable, "-m", "provision", "-H", path, "bootstrap"],
+                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=env)
+        wait_until(lambda: info.step_waited_on("torch"), "the next run never re-attached", again)
+        gate.open()
+        out, err = again.communicate(timeout=600)
+        assert again.returncode == 0, out + err
         logs = "".join(p.read_text() for p in (tmp_path / "logs").rglob("torch.log"))
         assert "re-attaching to torch" in logs
-        assert "verdict: PASS" in again.stdout
+        assert "verdict: PASS" in out
         entry = json.loads(info.path("/root/.gpu-provision/steps/torch.json").read_text())
         assert entry["result"] == "ok"
         # the re-attached install was not started again: one install in the host's log
         host_log = info.path("/root/.gpu-provision/logs/torch.log").read_text()
         assert host_log.count("installer: ") == 1 and host_log.count(" + torch==2.13.0+cpu") == 1
     finally:
+        gate.open()
         proxy.close()
         harness.stop(info.id)

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
+from tests.sandbox.mirror import Gate
 
 pytestmark = pytest.mark.sandbox
 
@@ -126,11 +127,14 @@ def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: P
     next run re-attaches; the host then reboots under it; the run after that redoes the
     interrupted step from the journal and finishes."""
     info = hosts.fresh("cpu-only")
+    gate = Gate(info.id)  # the install stays mid-download until the reboot has killed it
+    inv = info.inventory_with_mirrors(tmp_path / "gated" / Path(info.inventory).name,
+                                      {"pytorch": gate.url})
     env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"}
     pidf = info.path("/root/.gpu-provision/steps/torch.pid")
 
     def start() -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "provision", "-H", info.inventory,
+        return subprocess.Popen([sys.executable, "-m", "provision", "-H", inv,
                                  "bootstrap"], cwd=tmp_path, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
 
@@ -143,8 +147,8 @@ def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: P
 
     try:
         first = start()
-        wait_for(pidf.exists, "the torch step never started", first)
-        time.sleep(1)
+        wait_for(lambda: pidf.exists() and gate.holding(), "the torch download never began",
+                 first)
         first.send_signal(signal.SIGINT)
         out, err = first.communicate(timeout=30)
         assert first.returncode == 130, out + err
@@ -153,10 +157,10 @@ def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: P
         pid = int(pidf.read_text().split()[0])
         assert alive(pid)  # pip goes on
 
-        sessions = len(info.sessions())
+        # the first run's waiter on the host ends at its next heartbeat; the second re-attaches
+        wait_for(lambda: not info.step_waited_on("torch"), "the first run's waiter never ended")
         second = start()
-        wait_for(lambda: len(info.sessions()) >= sessions + 2, "no second run", second)
-        time.sleep(4)  # its step script re-attaches once the first waiter has let go
+        wait_for(lambda: info.step_waited_on("torch"), "the second run never re-attached", second)
         boots = info.state().get("boots", 0)
         harness.in_host(info, "reboot", check=False)  # unexpected; it may kill its caller
         wait_for(lambda: info.state().get("boots", 0) > boots, "the host did not reboot")
@@ -168,10 +172,10 @@ def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: P
         assert not alive(pid)  # the reboot killed the install
 
         harness._wait_ssh(info.host, info.port)  # the host is back
-        facts = json.loads(gpu_provision("-H", info.inventory, "facts", "--json",
-                                         home=gp_home).stdout)
+        facts = json.loads(gpu_provision("-H", inv, "facts", "--json", home=gp_home).stdout)
         assert facts["interrupted"] == ["torch"]
-        third = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path)
+        gate.open()
+        third = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path)
         assert third.returncode == 0, third.stdout + third.stderr
         assert ("torch: redo: install torch 2.13.0+cpu (interrupted on the host before it "
                 "finished (a reboot or a kill)) ...") in third.stdout
@@ -179,7 +183,8 @@ def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: P
         j = journal(info)
         assert {k: v["result"] for k, v in j.items()} == {
             "conda": "ok", "env": "ok", "torch": "ok", "validate": "ok", "verdict": "PASS"}
-        assert json.loads(gpu_provision("-H", info.inventory, "facts", "--json",
+        assert json.loads(gpu_provision("-H", inv, "facts", "--json",
                                         home=gp_home).stdout)["interrupted"] == []
     finally:
+        gate.open()
         harness.stop(info.id)
