@@ -58,7 +58,8 @@ def allocating() -> Iterator[None]:
 
 
 # the hosts this process started and has not stopped: a test process running beside others
-# stops only its own when it ends (stop_started), the last one stops everything (stop_all)
+# stops only its own when it ends (stop_started); pytest -n's controller stops everything
+# (stop_all) once they all have
 _STARTED: list[str] = []
 
 
