@@ -297,9 +297,8 @@ class Handler(SimpleHTTPRequestHandler):
         deadline = time.monotonic() + GATE_OPEN_AFTER
         if shut.exists():
             held.touch()
-        while shut.exists() and time.monotonic() < deadline:
-            self.wfile.flush()
-            time.sleep(0.1)
+        while shut.exists() and time.monotonic() < deadline:  # wfile is unbuffered: the
+            time.sleep(0.1)  # first MiB is with the client already
         self.gate = ""  # the rest of the file goes at once
 
     def send_upstream(self, url: str) -> None:
