@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -430,6 +430,17 @@ def _wait_ssh(ip: str, port: int, timeout: float = 20) -> None:
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"sshd on {ip}:{port} did not come up in {timeout}s")
+
+
+def wait_until(cond: Callable[[], object], what: str,
+               proc: subprocess.Popen[str] | None = None, timeout: float = 120) -> None:
+    """Poll ``cond`` until true; fail with ``what`` (and the run's output, if ``proc`` ended
+    first)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc is None or proc.poll() is None, proc.communicate() if proc else ""
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
 
 
 def in_host(info: HostInfo, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@
   wheels added to their projects (a fake ``torch`` of a higher version), projects it lacks (a
   mirror without uv), projects whose files are altered on the way (under their genuine sha256).
 - ``/gated/<name>/pytorch/<variant>/``: the PyTorch indexes again, whose wheels stop after
-  their first MiB while the test holds the gate ``<name>`` shut (``gate()``): an install that is
+  their first MiB while the test holds the gate ``<name>`` shut (``Gate``): an install that is
   downloading for as long as the test needs it to be, on any machine, with no timing guess.
 
 Each wheel's link carries its core metadata's sha256 (PEP 658, under PEP 714's attribute name),
@@ -572,14 +572,15 @@ class Gate:
             raise ValueError(f"gate name {name!r}: lower-case letters, digits and '-' only")
         base = ensure()["url"]
         self.shut = _state_file().parent / "gates" / name
+        self.held = self.shut.with_name(f"{name}.held")  # the handler makes it when it holds one
         self.shut.parent.mkdir(parents=True, exist_ok=True)
-        self.shut.with_name(f"{name}.held").unlink(missing_ok=True)
+        self.held.unlink(missing_ok=True)
         self.shut.touch()
         self.url = f"{base}/gated/{name}/pytorch"
 
     def holding(self) -> bool:
         """A download has reached the gate and waits there (it stays true once it did)."""
-        return self.shut.with_name(f"{self.shut.name}.held").exists()
+        return self.held.exists()
 
     def open(self) -> None:
         self.shut.unlink(missing_ok=True)

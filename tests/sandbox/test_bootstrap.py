@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import yaml
 
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
+from tests.sandbox.harness import wait_until
 from tests.sandbox.mirror import TAMPERED, Gate
 from tests.sandbox.proxy import TcpProxy
 
@@ -27,16 +27,6 @@ GENUINE = hashlib.sha256(INSTALLER).hexdigest()
 ALTERED = hashlib.sha256(INSTALLER + TAMPERED).hexdigest()
 
 pytestmark = pytest.mark.sandbox
-
-
-def wait_until(cond: Callable[[], object], what: str,
-               proc: subprocess.Popen[str] | None = None, timeout: float = 120) -> None:
-    """Poll ``cond`` until true; fail with ``what`` (and the run's output, if it ended first)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert proc is None or proc.poll() is None, proc.communicate() if proc else ""
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
@@ -52,11 +42,8 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
                                  stderr=subprocess.PIPE, text=True,
                                  env={**os.environ,
                                       "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"})
-        deadline = time.monotonic() + 120
-        while not (owner.exists() and "step torch" in owner.read_text() and gate.holding()):
-            assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline, "the torch step never started downloading"
-            time.sleep(0.2)
+        wait_until(lambda: owner.exists() and "step torch" in owner.read_text()
+                   and gate.holding(), "the torch step never started downloading", first)
         second = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path)
         assert second.returncode == 1
         assert "another run holds the lock on this host" in second.stderr

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
+from tests.sandbox.harness import wait_until
 from tests.sandbox.mirror import Gate
 
 pytestmark = pytest.mark.sandbox
@@ -138,16 +139,9 @@ def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: P
                                  "bootstrap"], cwd=tmp_path, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
 
-    def wait_for(cond: object, what: str, proc: subprocess.Popen[str] | None = None) -> None:
-        deadline = time.monotonic() + 120
-        while not cond():  # type: ignore[operator]
-            assert proc is None or proc.poll() is None, proc.communicate() if proc else ""
-            assert time.monotonic() < deadline, what
-            time.sleep(0.1)
-
     try:
         first = start()
-        wait_for(lambda: pidf.exists() and gate.holding(), "the torch download never began",
+        wait_until(lambda: pidf.exists() and gate.holding(), "the torch download never began",
                  first)
         first.send_signal(signal.SIGINT)
         out, err = first.communicate(timeout=30)
@@ -158,12 +152,12 @@ def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: P
         assert alive(pid)  # pip goes on
 
         # the first run's waiter on the host ends at its next heartbeat; the second re-attaches
-        wait_for(lambda: not info.step_waited_on("torch"), "the first run's waiter never ended")
+        wait_until(lambda: not info.step_waited_on("torch"), "the first run's waiter never ended")
         second = start()
-        wait_for(lambda: info.step_waited_on("torch"), "the second run never re-attached", second)
+        wait_until(lambda: info.step_waited_on("torch"), "the second run never re-attached", second)
         boots = info.state().get("boots", 0)
         harness.in_host(info, "reboot", check=False)  # unexpected; it may kill its caller
-        wait_for(lambda: info.state().get("boots", 0) > boots, "the host did not reboot")
+        wait_until(lambda: info.state().get("boots", 0) > boots, "the host did not reboot")
         out, err = second.communicate(timeout=60)
         assert second.returncode != 0
         assert "re-attaching to torch" in out
