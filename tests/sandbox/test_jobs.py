@@ -380,13 +380,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-DDP = """import torch
+# each rank's line in one write: a job's Python is unbuffered (PYTHONUNBUFFERED=1), where print
+# writes the text and its newline apart, and two ranks of a host share one log
+DDP = """import os
+import torch
 import torch.distributed as dist
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([float(rank)])
 dist.all_reduce(t)
-print(f"rank {rank} of {world}: sum {t.item():.0f}", flush=True)
+os.write(1, f"rank {rank} of {world}: sum {t.item():.0f}\\n".encode())
 dist.destroy_process_group()
 """
 
