@@ -1,6 +1,6 @@
 """So that ``fab -l`` / ``fab -H host bootstrap`` in a checkout find the project's tasks."""
 
-from provision.tasks import (  # noqa: F401
+from provision.cli.tasks_host import (  # noqa: F401
     autostop,
     bootstrap,
     compare,
@@ -33,6 +33,6 @@ from provision.tasks import (  # noqa: F401
 # Fab instantiates its executor class after loading this file.
 import fabric.main  # noqa: E402
 
-from provision.parallel import ParallelExecutor  # noqa: E402
+from provision.cli.fanout import ParallelExecutor  # noqa: E402
 
 fabric.main.program.executor_class = ParallelExecutor

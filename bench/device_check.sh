@@ -3,9 +3,9 @@
 #
 # 1. facts:    renders the facts script (provision.gather.facts_script with the shipped
 #              platforms), runs it with bash, parses it (parse_facts(...).as_json()).
-# 2. validate: renders templates/validate.sh.j2 with the config the validate step computes
+# 2. validate: renders templates/setup/validate.sh.j2 with the config the validate step computes
 #              (validation_config for these facts and the default recipe) and runs it with bash.
-# 3. bench:    renders templates/bench.sh.j2 like the bench step (no mirrors: nothing is
+# 3. bench:    renders templates/gpu/bench.sh.j2 like the bench step (no mirrors: nothing is
 #              downloaded) and runs it with bash.
 #
 # Both run "$PYTHON" (default python3, which must have torch) the way the steps run the env's
@@ -50,8 +50,8 @@ run() {
 # -- 1. facts ---------------------------------------------------------------------------------
 run facts-render 60 "$py" -c 'import sys
 
-from provision.gather import facts_script
-from provision.recipes import all_platforms
+from provision.facts.gather import facts_script
+from provision.config.recipes import all_platforms
 sys.stdout.write(facts_script(all_platforms(), (sys.argv[1],)))' "$work/data"
 cp "$work/facts-render.out" "$work/facts.sh"
 run facts "${FACTS_TIMEOUT:-120}" bash "$work/facts.sh"
@@ -60,8 +60,8 @@ run facts-parse 60 "$py" -c 'import sys
 
 import json
 from provision.facts.host import parse_facts
-from provision.gather import markers_of
-from provision.recipes import all_platforms
+from provision.facts.gather import markers_of
+from provision.config.recipes import all_platforms
 doc = json.load(open(sys.argv[1]))
 facts = parse_facts(doc, markers_of(all_platforms()))
 json.dump(facts.as_json(), open(sys.argv[2], "w"), indent=1, default=str)' \
@@ -72,12 +72,12 @@ run render-steps 60 "$py" -c 'import sys
 
 import json
 from provision.facts.host import parse_facts
-from provision.gather import markers_of
-from provision.inventory import Target, settings_for
+from provision.facts.gather import markers_of
+from provision.config.inventory import Target, settings_for
 from provision.ops.validate import validation_config
-from provision.paths import templates_dir
-from provision.recipes import all_platforms
-from provision.templating import render
+from provision.config.shipped import templates_dir
+from provision.config.recipes import all_platforms
+from provision.remote.templating import render
 work, py = sys.argv[1], sys.argv[2]
 try:
     facts = parse_facts(json.load(open(work + "/facts.out")), markers_of(all_platforms()))
@@ -89,14 +89,14 @@ else:
     settings = settings_for(Target(name="device-check", host="localhost"), facts.platform,
                             {"data_dir": work + "/data"})
     config = validation_config(facts, settings)
-script = (templates_dir() / "validate_gpu.py").read_text()
+script = (templates_dir() / "gpu/validate_gpu.py").read_text()
 open(work + "/validate.sh", "w").write(render(
-    "validate.sh.j2", python_bin=py, script=script, config=json.dumps(config, sort_keys=True),
+    "setup/validate.sh.j2", python_bin=py, script=script, config=json.dumps(config, sort_keys=True),
     expected="{}", inputs="device-check"))
 bench = {"data_dir": work + "/data", "mirrors": [], "download_mb": 1, "download_timeout": 5}
 open(work + "/bench.sh", "w").write(render(
-    "bench.sh.j2", python_bin=py, validate_script=script,
-    bench_script=(templates_dir() / "bench_gpu.py").read_text(),
+    "gpu/bench.sh.j2", python_bin=py, validate_script=script,
+    bench_script=(templates_dir() / "gpu/bench_gpu.py").read_text(),
     config=json.dumps(bench, sort_keys=True)))' "$work" "$(command -v "$py" || echo "$py")"
 
 run validate "${VALIDATE_TIMEOUT:-240}" env HOME="$work/home" RESULT="$work/validate.result" \

@@ -163,8 +163,8 @@ def ssh_argv(info: harness.HostInfo, port: int | None = None, host: str | None =
 
 def facts_script_alone(infos: list[harness.HostInfo], runs: int) -> dict[str, dict[str, float]]:
     """`time bash facts.sh` on each host: the script's own wall and CPU seconds there."""
-    from provision.gather import data_dirs, facts_script
-    from provision.recipes import all_platforms
+    from provision.config.recipes import all_platforms
+    from provision.facts.gather import data_dirs, facts_script
     platforms = all_platforms()
     script = facts_script(platforms, data_dirs(platforms))
     out = {}

@@ -1,5 +1,5 @@
 """``python -m provision`` is the ``gpu-provision`` program."""
 
-from .cli import main
+from .cli.main import main
 
 main()

@@ -34,7 +34,7 @@ class NoWheelError(ProvisionError):
 
 
 class SSHError(ProvisionError):
-    """An SSH failure, classified; ``kind`` is one of the names in ``provision.connection``."""
+    """An SSH failure, classified; ``kind`` is one of the names in ``provision.remote.connection``."""
 
     def __init__(self, host: str, kind: str, message: str):
         self.host, self.kind = host, kind

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from ..compat import dotted, load_compat, parse_compute_cap
+from ..wheels.rule import dotted, load_compat, parse_compute_cap
 from .cuda import parse_nvcc
 from .fabric import (
     FabricManager,
@@ -222,8 +222,8 @@ def cc_from_name(name: str) -> str | None:
 
 @cache
 def load_gpu_ccs() -> tuple[Mapping[str, str], Mapping[str, str]]:
-    """(chip prefix -> cc, lower-case name fragment -> cc) from provision/data/gpus.yaml."""
-    raw = yaml.safe_load(resources.files("provision.data").joinpath("gpus.yaml").read_text())
+    """(chip prefix -> cc, lower-case name fragment -> cc) from provision/tables/gpus.yaml."""
+    raw = yaml.safe_load(resources.files("provision.tables").joinpath("gpus.yaml").read_text())
     return ({k: str(v["cc"]) for k, v in raw["chips"].items()},
             {k.lower(): str(v["cc"]) for k, v in raw["gpus"].items()})
 

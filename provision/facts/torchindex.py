@@ -1,6 +1,6 @@
 """What the PyTorch mirror served when the torch step last read it: the cache files the step
 writes under ``~/.gpu-provision/index/`` (one JSON line per mirror and variant, see
-``provision.simpleindex``), read back by the facts script in its one execution."""
+``provision.wheels.simpleindex``), read back by the facts script in its one execution."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``watch``: the sampler's JSON lines (templates/watch_sampler.sh.j2) parsed once, and the rules
+"""``watch``: the sampler's JSON lines (templates/jobs/watch_sampler.sh.j2) parsed once, and the rules
 that raise alerts from them. Pure: a sequence of samples in, views and alerts out.
 
 Alerts: a running job's GPUs at 0% for N minutes; GPU memory near full; a job that exited (or was

@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..command import bash_script
 from ..errors import ProvisionError, RemoteError
-from ..executor import NO_EXIT_STATUS, Executor
-from ..runtime import MARKER, StepRun, run_follow, run_foreground
-from ..templating import render
+from ..remote.command import bash_script
+from ..remote.executor import NO_EXIT_STATUS, Executor
+from ..remote.runtime import MARKER, StepRun, run_follow, run_foreground
+from ..remote.templating import render
 from .spec import JobSpec
 from .state import HostJobs, parse_records
 
@@ -40,11 +40,11 @@ class Launched:
 
 
 def wrapper_script(spec: JobSpec) -> str:
-    return render("job_wrapper.sh.j2", id=spec.id, argv=spec.argv, env=dict(spec.env))
+    return render("jobs/job_wrapper.sh.j2", id=spec.id, argv=spec.argv, env=dict(spec.env))
 
 
 def launch_script(spec: JobSpec) -> str:
-    return render("job_launch.sh.j2", id=spec.id, name=spec.name, argv=spec.argv, gpus=spec.gpus,
+    return render("jobs/job_launch.sh.j2", id=spec.id, name=spec.name, argv=spec.argv, gpus=spec.gpus,
                   workdir=spec.workdir, share=spec.share, spec_json=spec.spec_json(),
                   data_dirs=spec.data_dirs, wrapper=wrapper_script(spec), launcher=spec.launcher)
 
@@ -70,7 +70,7 @@ def launch(ex: Executor, spec: JobSpec, script: str | None = None) -> Launched:
 
 
 def list_script() -> str:
-    return render("jobs_list.sh.j2")
+    return render("jobs/jobs_list.sh.j2")
 
 
 def list_jobs(ex: Executor) -> HostJobs:
@@ -84,7 +84,7 @@ def list_jobs(ex: Executor) -> HostJobs:
 
 
 def kill_script(job: str, grace: int) -> str:
-    return render("job_kill.sh.j2", job=job, grace=grace)
+    return render("jobs/job_kill.sh.j2", job=job, grace=grace)
 
 
 def kill(ex: Executor, job: str, grace: int) -> Mapping[str, Any]:
@@ -99,7 +99,7 @@ def kill(ex: Executor, job: str, grace: int) -> Mapping[str, Any]:
 
 
 def where_script(job: str, expect: str, follow: bool) -> str:
-    return render("job_where.sh.j2", job=job, expect=expect, follow=follow, header=JOB_HEADER)
+    return render("jobs/job_where.sh.j2", job=job, expect=expect, follow=follow, header=JOB_HEADER)
 
 
 def follow_log(ex: Executor, job: str, *, expect: str = "", offset: int = 0, lines: int = 0,
@@ -115,7 +115,7 @@ def follow_log(ex: Executor, job: str, *, expect: str = "", offset: int = 0, lin
 
 
 def sampler_script(interval: int, samples: int, data_dirs: Sequence[str]) -> str:
-    return render("watch_sampler.sh.j2", interval=interval, samples=samples,
+    return render("jobs/watch_sampler.sh.j2", interval=interval, samples=samples,
                   data_dirs=tuple(data_dirs))
 
 

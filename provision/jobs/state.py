@@ -1,4 +1,4 @@
-"""What the host says of each job (templates/_jobs.sh.j2 ``job_record``), parsed once, and the
+"""What the host says of each job (templates/jobs/_jobs.sh.j2 ``job_record``), parsed once, and the
 rules that name its state: running / exited N / killed by OOM / killed (by `kill`) / lost in a
 reboot."""
 

@@ -3,10 +3,10 @@ configured mirrors. Skipped where a usable conda is there (platforms ship one)."
 
 from __future__ import annotations
 
-from ..compat import dotted, load_compat
+from ..config.inventory import Settings
 from ..facts.host import HostFacts
-from ..inventory import Settings
-from ..templating import render
+from ..remote.templating import render
+from ..wheels.rule import dotted, load_compat
 from .layout import Layout
 from .step import Step, inputs_hash, nothing
 
@@ -38,7 +38,7 @@ def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
     if partial:
         why += f"; an earlier install at {lay.conda_root} did not finish: it is cleared first"
     file = f"Miniconda3-{version}-Linux-{arch}.sh"
-    body = render("conda.sh.j2", prefix=lay.conda_root, bases=m.miniconda, file=file,
+    body = render("setup/conda.sh.j2", prefix=lay.conda_root, bases=m.miniconda, file=file,
                   sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
                   pypi=configured_pypi(settings), mirror_timeout=m.timeout)
     return Step("conda", f"no conda on the host; {file} from {listed(m.miniconda)}, sha256 "

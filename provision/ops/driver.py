@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import ProvisionError
 from ..facts.host import HostFacts
-from ..templating import render
+from ..remote.templating import render
 from .step import Outcome, Step, dict_result, inputs_hash
 
 CENTOS_VAULT = "https://vault.centos.org/7.9.2009"
@@ -56,7 +56,7 @@ def install_step(facts: HostFacts, branch: int, open_modules: bool, action: str,
     # Debian ships one branch as "nvidia-driver"; Ubuntu without ubuntu-drivers has per-branch names
     apt_package = "nvidia-driver" if facts.os.id == "debian" else \
         f"nvidia-driver-{branch}-server{'-open' if open_modules else ''}"
-    body = render("driver.sh.j2", family=fam, branch=str(branch), open_modules=open_modules,
+    body = render("setup/driver.sh.j2", family=fam, branch=str(branch), open_modules=open_modules,
                   apt_package=apt_package, kmod=kmod, x11=x11, vault=CENTOS_VAULT,
                   el=str(facts.os.major or 9))
     return Step("driver", reason, action=action, body=body,
@@ -83,7 +83,7 @@ def hold_step(facts: HostFacts, branch: int, open_modules: bool) -> Step:
         fallback = ("kmod-nvidia-470xx" if branch == 470 else "kmod-nvidia") if fam == "el7" \
             else ("nvidia-open" if open_modules else "cuda-drivers")
         pattern = ""
-    body = render("driver_hold.sh.j2", family=fam, pattern=pattern, fallback=fallback)
+    body = render("setup/driver_hold.sh.j2", family=fam, pattern=pattern, fallback=fallback)
     return Step("driver-hold", "so unattended upgrades cannot replace the driver under a running "
                 "job", action=f"hold the driver packages ({fallback})", body=body,
                 inputs=inputs_hash(branch=branch))

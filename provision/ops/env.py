@@ -8,15 +8,15 @@ versions and what resolves it.
 
 from __future__ import annotations
 
+from ..config.inventory import Settings
 from ..facts.host import CondaEnv, HostFacts
-from ..inventory import Settings
-from ..templating import render
+from ..remote.templating import render
 from .layout import INTERRUPTED, Layout, find_env
 from .step import Step, inputs_hash, nothing
 
 
 def made_by_us(facts: HostFacts, lay: Layout, env: CondaEnv) -> bool:
-    """The env carries our marker (templates/env.sh.j2), or the journal's last env step made
+    """The env carries our marker (templates/setup/env.sh.j2), or the journal's last env step made
     this very env (same name and Python) before the marker existed."""
     if env.prefix in facts.own_envs:
         return True
@@ -68,7 +68,7 @@ def env_step(facts: HostFacts, settings: Settings, lay: Layout, why: str = "") -
     if lay.adopted:
         return nothing("env", f"adopt the platform's env {lay.env_name!r} at {lay.env_prefix}")
     have = env.python if env is not None and recreate else ""
-    body = render("env.sh.j2", root=lay.conda_root, name=lay.env_name, python=settings.python,
+    body = render("setup/env.sh.j2", root=lay.conda_root, name=lay.env_name, python=settings.python,
                   channels=settings.mirrors.conda_channels, repair=repair, recreate=recreate,
                   have=have)
     if recreate:

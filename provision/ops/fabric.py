@@ -18,7 +18,7 @@ from typing import Any
 
 from ..facts.fabric import fabric_ready, fabric_summary
 from ..facts.host import HostFacts
-from ..templating import render
+from ..remote.templating import render
 from .driver import family
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
@@ -76,7 +76,7 @@ def fabric_step(facts: HostFacts, touchable: bool) -> Step | None:
     install = fm is None or fm.version != driver
     fam = family(facts)
     packages = fm_packages(fam, driver)
-    body = render("fabricmanager.sh.j2", family=fam, packages=packages, driver=driver,
+    body = render("setup/fabricmanager.sh.j2", family=fam, packages=packages, driver=driver,
                   install=install, wait=FABRIC_WAIT)
     action = (f"install nvidia-fabricmanager {driver}, hold it and start it" if install
               else "enable and start nvidia-fabricmanager")

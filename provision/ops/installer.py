@@ -3,8 +3,8 @@
 uv downloads in parallel and unpacks much faster than pip, which fetches one file at a time; on
 the CUDA torch install (about 3 GB of wheels) that is most of a cold bootstrap. uv itself comes
 from the configured PyPI mirror into our own tool dir on the host, one pinned release whose
-wheels' sha256 lie in ``provision/data/uv.yaml``; the step falls back to pip on the host when the
-mirror lacks it, the hash differs or the binary does not run (templates/_install.sh.j2).
+wheels' sha256 lie in ``provision/tables/uv.yaml``; the step falls back to pip on the host when the
+mirror lacks it, the hash differs or the binary does not run (templates/setup/_install.sh.j2).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
+from ..config.inventory import Settings
 from ..facts.host import HostFacts
-from ..inventory import Settings
 from .conda import listed
 
 TOOLS_DIR = "~/.gpu-provision/tools"  # ours on the host; uv-<version>/uv inside
@@ -40,8 +40,8 @@ class UvRelease:
 
 @cache
 def load_uv() -> UvRelease:
-    """The pinned uv release (provision/data/uv.yaml), read once."""
-    raw: Any = yaml.safe_load(resources.files("provision.data").joinpath("uv.yaml").read_text())
+    """The pinned uv release (provision/tables/uv.yaml), read once."""
+    raw: Any = yaml.safe_load(resources.files("provision.tables").joinpath("uv.yaml").read_text())
     return UvRelease(version=str(raw["version"]), source=str(raw["source"]),
                      wheels={arch: UvWheel(str(w["file"]), str(w["sha256"]), int(w["size"]))
                              for arch, w in raw["wheels"].items()})
@@ -62,7 +62,7 @@ class Installer:
         return f"uv {self.version}" if self.wheel else "pip"
 
     def template_vars(self) -> dict[str, Any]:
-        """What templates/_install.sh.j2 needs."""
+        """What templates/setup/_install.sh.j2 needs."""
         uv = None if self.wheel is None else {
             "version": self.version, "file": self.wheel.file, "sha256": self.wheel.sha256}
         return {"uv": uv, "uv_mirrors": self.mirrors, "pip_reason": self.why}
@@ -79,14 +79,14 @@ def choose_installer(facts: HostFacts, settings: Settings) -> Installer:
     where = f"{TOOLS_DIR}/uv-{rel.version}"
     if wheel is None:
         return Installer(rel.version, None, False, mirrors,
-                         f"no uv wheel is pinned for {arch} (provision/data/uv.yaml has "
+                         f"no uv wheel is pinned for {arch} (provision/tables/uv.yaml has "
                          f"{', '.join(sorted(rel.wheels))})")
     if rel.version in facts.uv_versions:
         return Installer(rel.version, wheel, True, mirrors,
                          f"parallel downloads; already in {where}")
     return Installer(rel.version, wheel, False, mirrors,
                      f"parallel downloads; fetched from the PyPI mirror {listed(mirrors)} into "
-                     f"{where}, sha256 checked (provision/data/uv.yaml); pip where it cannot "
+                     f"{where}, sha256 checked (provision/tables/uv.yaml); pip where it cannot "
                      "be had")
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config.inventory import Settings
+from ..config.recipes import Platform
 from ..facts.host import CondaEnv, HostFacts
-from ..inventory import Settings
-from ..recipes import Platform
 
 
 def expand_home(path: str, home: str) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..command import quote
 from ..facts.host import HostFacts
-from ..templating import render
+from ..remote.command import quote
+from ..remote.templating import render
 from .step import Outcome, Step, dict_result, nothing
 
 SECRETS_FILE = "~/.gpu-provision/env"
@@ -23,7 +23,7 @@ def secrets_step(facts: HostFacts, values: Mapping[str, str], digest: str) -> St
     content = "".join(f"export {k}={quote(v)}\n" for k, v in sorted(values.items()))
     return Step("secrets", f"push_env in the inventory; into {SECRETS_FILE} (mode 0600), "
                 "sourced by ~/.bashrc", action=f"push {names}",
-                body=render("secrets.sh.j2", names=names, inputs=digest), inputs=digest,
+                body=render("setup/secrets.sh.j2", names=names, inputs=digest), inputs=digest,
                 foreground=True, stdin=content)
 
 
@@ -35,4 +35,4 @@ def read_forgotten(result: Any) -> Outcome:
 def forget_secrets_step() -> Step:
     """Remove the pushed tokens: the env file, the line that sources it, the journal entry."""
     return Step("forget-secrets", "forget-secrets", action="remove the pushed tokens",
-                body=render("secrets_forget.sh.j2"), foreground=True, read=read_forgotten)
+                body=render("setup/secrets_forget.sh.j2"), foreground=True, read=read_forgotten)

@@ -20,13 +20,13 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .. import simpleindex
-from ..compat import BuildCheck, TorchChoice, check_installed, installed_choice, torch_spec
+from ..config.inventory import Settings
+from ..config.shipped import package_source
 from ..errors import ProvisionError
 from ..facts.host import CondaEnv, HostFacts, cc_from_name
-from ..inventory import Settings
-from ..paths import package_source
-from ..templating import render
+from ..remote.templating import render
+from ..wheels import simpleindex
+from ..wheels.rule import BuildCheck, TorchChoice, check_installed, installed_choice, torch_spec
 from .conda import configured_pypi, listed
 from .installer import choose_installer
 from .layout import INTERRUPTED, Layout, find_env
@@ -160,12 +160,12 @@ def torch_step(facts: HostFacts, settings: Settings, lay: Layout,
         replace = f"replace: {check.reason}; "
     cands = candidates_json(candidates, settings)
     bases = tuple(b.rstrip("/") for b in settings.mirrors.pytorch)
-    body = render("torch.sh.j2", python_bin=lay.python_bin, bases=bases,
+    body = render("setup/torch.sh.j2", python_bin=lay.python_bin, bases=bases,
                   variants=list(dict.fromkeys(c["variant"] for c in cands)),
                   projects=[p for p in simpleindex.PROJECTS
                             if any(c.get(p) for c in cands) or p == "torch"],
                   candidates=json.dumps(cands), index_dir=INDEX_DIR, accept=simpleindex.ACCEPT,
-                  simpleindex=package_source("simpleindex.py"),
+                  simpleindex=package_source("wheels/simpleindex.py"),
                   mirror_timeout=settings.mirrors.timeout, repair=repair,
                   **choose_installer(facts, settings).template_vars())
     reason = INTERRUPTED if repair else \
@@ -189,7 +189,7 @@ def packages_step(facts: HostFacts, settings: Settings, lay: Layout,
     if done.get("inputs") == h and done.get("result") == "ok" and find_env(facts, lay) \
             and "packages" not in facts.interrupted and not fresh_env:
         return nothing("packages", f"{' '.join(settings.packages)} installed (journal)")
-    body = render("packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
+    body = render("setup/packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
                   pypi=configured_pypi(settings), mirror_timeout=settings.mirrors.timeout,
                   **choose_installer(facts, settings).template_vars())
     return Step("packages", f"recipe {settings.recipe}, from {listed(pypi)}, torch pinned",

@@ -11,11 +11,11 @@ from typing import Any
 
 import yaml
 
-from ..compat import TorchChoice
+from ..config.inventory import Settings, Target
+from ..config.shipped import data_file, templates_dir
 from ..facts.host import HostFacts
-from ..inventory import Settings, Target
-from ..paths import data_file, templates_dir
-from ..templating import render
+from ..remote.templating import render
+from ..wheels.rule import TorchChoice
 from .conda import configured_pypi
 from .layout import Layout, expand_home
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
@@ -28,7 +28,7 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
     """Validation. Unless ``always``, it is skipped when the last run PASSed on this boot, less
     than REVALIDATE_AFTER ago, with the same GPUs, driver, env, torch, idle GPUs and config: the
     facts carry all of these, so a re-run that changes nothing costs one remote execution."""
-    script = (templates_dir() / "validate_gpu.py").read_text()
+    script = (templates_dir() / "gpu/validate_gpu.py").read_text()
     expected = len(facts.gpus)
     config = validation_config(facts, settings)
     expect = verify_expectations(facts, lay, settings, choice)
@@ -40,7 +40,7 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
             and 0 <= age < REVALIDATE_AFTER:
         return nothing("validate", f"PASS {age / 60:.0f} min ago on this boot, and nothing it "
                        "checked has changed (`validate` measures again)", kept=Outcome(verdict="PASS"))
-    body = render("validate.sh.j2", python_bin=lay.python_bin, script=script,
+    body = render("setup/validate.sh.j2", python_bin=lay.python_bin, script=script,
                   config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
                   inputs=h)
     also = "; TFLOPS and bandwidth against the datasheet" if config["reference"] else ""
@@ -53,7 +53,7 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
 
 
 def read_validation(result: Any) -> Outcome:
-    """validate_gpu.py's report (schema in its docstring) and its verdict."""
+    """gpu/validate_gpu.py's report (schema in its docstring) and its verdict."""
     report = dict_result(result, "validate")
     return Outcome(report=report, report_kind="validate", verdict=str(report.get("verdict")))
 
@@ -64,7 +64,7 @@ def read_bench(result: Any) -> Outcome:
 
 def bench_step(facts: HostFacts, lay: Layout, settings: Settings,
                choice: TorchChoice | None, download_mb: int = 50) -> Step:
-    """The standard benchmark (templates/bench_gpu.py) in the env; downloads from every mirror."""
+    """The standard benchmark (templates/gpu/bench_gpu.py) in the env; downloads from every mirror."""
     m = settings.mirrors
     arch = facts.arch or "x86_64"
     variant = choice.cuda if choice else "cpu"
@@ -73,9 +73,9 @@ def bench_step(facts: HostFacts, lay: Layout, settings: Settings,
     mirrors += [{"kind": "pypi", "url": f"{b.rstrip('/')}/torch/"} for b in m.pypi]
     mirrors += [{"kind": "pytorch", "url": f"{b.rstrip('/')}/{variant}/torch/"} for b in m.pytorch]
     config = {"data_dir": data_dir(facts, settings), "mirrors": mirrors, "download_mb": download_mb}
-    body = render("bench.sh.j2", python_bin=lay.python_bin,
-                  validate_script=(templates_dir() / "validate_gpu.py").read_text(),
-                  bench_script=(templates_dir() / "bench_gpu.py").read_text(),
+    body = render("gpu/bench.sh.j2", python_bin=lay.python_bin,
+                  validate_script=(templates_dir() / "gpu/validate_gpu.py").read_text(),
+                  bench_script=(templates_dir() / "gpu/bench_gpu.py").read_text(),
                   config=json.dumps(config, sort_keys=True))
     return Step("bench", f"the standard suite; {len(mirrors)} mirror(s), at most {download_mb} MiB "
                 "each", action="run bench_gpu.py", body=body, inputs=inputs_hash(config=config),
@@ -83,7 +83,7 @@ def bench_step(facts: HostFacts, lay: Layout, settings: Settings,
 
 
 def bench_report(report: Mapping[str, Any], target: Target, settings: Settings) -> dict[str, Any]:
-    """bench_gpu.py's figures with what compare joins them by: host, inventory, platform, the GPU
+    """gpu/bench_gpu.py's figures with what compare joins them by: host, inventory, platform, the GPU
     advertised and its price, and when."""
     return {**report, "host": target.name,
             "inventory": str(target.source) if target.source else None,

@@ -10,11 +10,11 @@ from typing import Any
 
 import yaml
 
+from provision.config.inventory import Target, settings_for
+from provision.config.recipes import all_platforms, load_platform
+from provision.facts.gather import markers_of
 from provision.facts.host import HostFacts, parse_facts
-from provision.gather import markers_of
-from provision.inventory import Target, settings_for
-from provision.plan import Plan, make_plan
-from provision.recipes import all_platforms, load_platform
+from provision.setup.plan import Plan, make_plan
 
 CASES = Path(__file__).resolve().parent
 FACTS = CASES / "facts"

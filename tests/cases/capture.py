@@ -21,9 +21,9 @@ from pathlib import Path
 import paramiko
 import yaml
 
-from provision.command import bash_script
-from provision.gather import data_dirs, facts_script
-from provision.recipes import all_platforms
+from provision.config.recipes import all_platforms
+from provision.facts.gather import data_dirs, facts_script
+from provision.remote.command import bash_script
 from tests.sandbox import harness, mirror
 
 OUT = Path(__file__).resolve().parent / "facts"

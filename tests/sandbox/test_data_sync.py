@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from provision.data_sync import measure_link
-from provision.inventory import resolve_target
-from provision.session import open_executor
+from provision.config.inventory import resolve_target
+from provision.setup.session import open_executor
 from provision.store import Store
+from provision.sync.transfer import measure_link
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
 from tests.sandbox.proxy import TcpProxy

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from provision.command import Command
-from provision.connection import connect
+from provision.config.inventory import Target
 from provision.errors import ProvisionError, SSHError
-from provision.executor import Executor
-from provision.inventory import Target
-from provision.runtime import run_detached
+from provision.remote.command import Command
+from provision.remote.connection import connect
+from provision.remote.executor import Executor
+from provision.remote.runtime import run_detached
 from tests.conftest import Hosts
 from tests.sandbox import harness
 from tests.sandbox.proxy import TcpProxy

@@ -450,7 +450,7 @@ def test_no_env_no_job(hosts: Hosts, gp: Gp) -> None:
 
 
 def test_validations_all_reduce_measures_and_bounds_a_hang(trained: harness.HostInfo) -> None:
-    """validate_gpu.py's multi-GPU measuring code, run with gloo on the CPU (the same spawn,
+    """gpu/validate_gpu.py's multi-GPU measuring code, run with gloo on the CPU (the same spawn,
     timing and time limit NCCL gets on GPUs): a correct sum with a bandwidth; a run that does not
     answer in time is ended with every worker it started."""
     code = ("import importlib.util, json; "

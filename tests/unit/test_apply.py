@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from provision import bootstrap
-from provision.bootstrap import Reconnect, apply
-from provision.command import Command
-from provision.connection import TIMEOUT
 from provision.errors import ProvisionError, RemoteError, SSHError
-from provision.executor import Result
 from provision.ops.step import Step, Upload
-from provision.plan import Plan
-from provision.runtime import HEARTBEAT, LOCKED, MARKER
+from provision.remote.command import Command
+from provision.remote.connection import TIMEOUT
+from provision.remote.executor import Result
+from provision.remote.runtime import HEARTBEAT, LOCKED, MARKER
+from provision.setup import engine as bootstrap
+from provision.setup.engine import Reconnect, apply
+from provision.setup.plan import Plan
 from provision.store import Store
 from tests.cases import CASES, case_plan, plan_for, raw
 

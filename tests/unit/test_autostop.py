@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from provision import autostop, cost
-from provision.command import quote
+from provision.config.recipes import all_platforms, load_platform
 from provision.errors import ConfigError, ProvisionError
-from provision.recipes import all_platforms, load_platform
-from provision.templating import render
+from provision.money import autostop, cost
+from provision.remote.command import quote
+from provision.remote.templating import render
 
 PLATFORMS = {p.name: p for p in all_platforms()}
 
@@ -129,13 +129,13 @@ def test_watchdog_and_control_render_for_every_action(platform: str) -> None:
         script = autostop.watchdog_script(d, req, p)
         assert bash_ok(script)
         assert f"SAVE={quote(hostile)};" in script and "$(touch pwned)'x;" not in script
-        ctl = render("autostop_ctl.sh.j2", mode="install", command=list(spec.command),
+        ctl = render("money/autostop_ctl.sh.j2", mode="install", command=list(spec.command),
                      need_id=False, id_env=list(p.autostop.instance_id_env),
                      key_env=list(p.autostop.api_key_env), require_persistent="/mnt/fs",
                      watchdog=script, config=json.dumps(autostop.config(d, req)))
         assert bash_ok(ctl)
     for mode in ("cancel", "status"):
-        assert bash_ok(render("autostop_ctl.sh.j2", mode=mode, **autostop._unused()))
+        assert bash_ok(render("money/autostop_ctl.sh.j2", mode=mode, **autostop._unused()))
 
 
 def test_profiles_stop_section_errors_name_file_and_key(tmp_path: Path) -> None:

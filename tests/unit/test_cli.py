@@ -71,8 +71,8 @@ def test_every_option_has_help_and_the_conventional_letters() -> None:
     """Options are long; -j/-p/-r mean --json/--python/--recipe in every task and no task letter
     shadows a program-wide flag but `logs -f` (follow, as tail -f); every option says what it is
     for, in every parser made."""
-    from provision.cli import namespace, program
-    from provision.taskkit import PROGRAM_LETTERS, SHORT_FLAGS
+    from provision.cli.main import namespace, program
+    from provision.cli.taskkit import PROGRAM_LETTERS, SHORT_FLAGS
     core = {n for a in program.core_args() for n in a.names if len(n) == 1}
     assert core == PROGRAM_LETTERS
     own = {("logs", "follow"): "f"}
@@ -94,7 +94,7 @@ def test_logs_dash_f_follows_after_the_task_and_is_the_config_file_before_it() -
     the task is still Fabric's config file."""
     from invoke.parser import Parser
 
-    from provision.cli import namespace, program
+    from provision.cli.main import namespace, program
     parser = Parser(contexts=namespace.to_contexts(), initial=program.initial_context)
     result = parser.parse_argv(["-f", "my.yaml", "logs", "train", "-f"])
     got = [(c.name, {k: a.value for k, a in c.args.items() if a.got_value}) for c in result]
@@ -103,11 +103,11 @@ def test_logs_dash_f_follows_after_the_task_and_is_the_config_file_before_it() -
 
 
 def test_a_plain_import_stays_light() -> None:
-    """`import provision.cli` (what every command pays for) loads no SSH, template, table,
+    """`import provision.cli.main` (what every command pays for) loads no SSH, template, table,
     chart or test machinery: each task imports its own."""
     heavy = ["matplotlib", "pytest", "testinfra", "fabric", "paramiko", "cryptography", "jinja2",
-             "rich", "numpy", "provision.connection", "provision.executor", "provision.compat"]
-    code = ("import sys, provision.cli\n"
+             "rich", "numpy", "provision.remote.connection", "provision.remote.executor", "provision.wheels.rule"]
+    code = ("import sys, provision.cli.main\n"
             f"print([m for m in {heavy!r} if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
@@ -131,7 +131,7 @@ def test_workdir_holds_the_reports_and_compare_json_writes_nothing(tmp_path: Pat
 def test_inventory_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """./inventories/ first, then $GPU_PROVISION_INVENTORIES, then the tool's own folder
     (~/.config/gpu-provision/inventories/), then the shipped examples."""
-    from provision.inventory import resolve_target
+    from provision.config.inventory import resolve_target
     here, env, home = tmp_path / "inventories", tmp_path / "shared", tmp_path / "gp" / "inventories"
     for d, host, only in ((here, "10.0.0.1", "here"), (env, "10.0.0.2", "shared"),
                           (home, "10.0.0.3", "home")):
@@ -185,6 +185,6 @@ def test_every_environment_variable_is_documented() -> None:
 def test_every_task_that_works_in_the_env_can_name_it() -> None:
     """After `bootstrap --env-name mine`, each task that reads or changes that env can be told
     so (without it they would look in the platform's env or the recipe's)."""
-    from provision.cli import namespace
+    from provision.cli.main import namespace
     takes = {ctx.name for ctx in namespace.to_contexts() if "env_name" in ctx.args}
     assert {"bootstrap", "plan", "env", "torch", "validate", "bench", "doctor"} <= takes

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from provision.command import MASK, Command, bash_script, mask, quote
+from provision.remote.command import MASK, Command, bash_script, mask, quote
 
 HOSTILE = ["; rm -rf /", "$(reboot)", "`id`", "a'b\"c", "two words", "line\nbreak", "ünïcødé ☃",
            "--help", "*", "$HOME", "\\", ""]

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from provision import chart
-from provision.compare import newest_per_host, rows
+from provision.money import chart
+from provision.money.compare import newest_per_host, rows
 
 PUBLISHED = Path(__file__).resolve().parent.parent.parent / "bench" / "published"
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from provision.compat import choose_torch, dotted, load_compat, torch_spec
 from provision.errors import NoWheelError, ProvisionError
+from provision.wheels.rule import choose_torch, dotted, load_compat, torch_spec
 
 # driver, compute caps, python, torch spec, policy, glibc -> torch, variant
 FITS = [
@@ -172,7 +172,7 @@ def test_torchaudio_ends_at_2_11() -> None:
 
 
 def run_pick(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from provision.cli import main; main()",
+    return subprocess.run([sys.executable, "-c", "from provision.cli.main import main; main()",
                            "pick", *args], capture_output=True, text=True)
 
 

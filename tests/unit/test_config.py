@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from provision.config.inventory import load_inventory, merge_settings, resolve_target, settings_for
+from provision.config.recipes import Mirrors, all_platforms, load_platform, load_recipe
 from provision.errors import ConfigError
-from provision.inventory import load_inventory, merge_settings, resolve_target, settings_for
-from provision.recipes import Mirrors, all_platforms, load_platform, load_recipe
 
 
 def write(tmp_path: Path, text: str, name: str = "host.yaml") -> Path:
@@ -148,7 +148,7 @@ def test_groups_expand_to_members(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     write(inv, "group: [farm]\n", "nested.yaml")
     write(inv, "group: [a, ghost]\n", "broken.yaml")
     monkeypatch.chdir(tmp_path)
-    from provision.inventory import expand_hosts
+    from provision.config.inventory import expand_hosts
     assert expand_hosts("farm,root@1.2.3.4:22") == ["a", "b", "root@1.2.3.4:22"]
     assert expand_hosts("a") == ["a"]
     with pytest.raises(ConfigError, match="nested.yaml:1: group: member 'farm' is itself a group"):

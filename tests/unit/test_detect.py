@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from provision.config.recipes import all_platforms
+from provision.facts.gather import markers_of
 from provision.facts.platform import PlatformMarkers, detect_platform, detect_virtualization
-from provision.gather import markers_of
-from provision.recipes import all_platforms
 
 
 def test_container_beats_vm() -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from provision.config.recipes import all_platforms
+from provision.facts.gather import markers_of
 from provision.facts.host import parse_facts
-from provision.gather import markers_of
-from provision.recipes import all_platforms
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SCRIPT = REPO / "bench" / "device_check.sh"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.doctor import diagnose, load_knowledge
+from provision.doctor.match import diagnose, load_knowledge
 from provision.facts.host import Disk, HostFacts
 from provision.facts.nvidia import Gpu, GpuProcess
 from provision.facts.platform import Virtualization

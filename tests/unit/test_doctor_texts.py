@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.doctor import diagnose, load_knowledge, normalise
+from provision.doctor.match import diagnose, load_knowledge, normalise
 from provision.facts.host import HostFacts
 from provision.facts.nvidia import GpuProcess
 

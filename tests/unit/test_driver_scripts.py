@@ -1,5 +1,5 @@
 """The driver scripts as the product renders them (``provision.ops.driver.install_step`` and
-``hold_step`` over templates/driver.sh.j2 and driver_hold.sh.j2), run by real bash with a PATH
+``hold_step`` over templates/setup/driver.sh.j2 and driver_hold.sh.j2), run by real bash with a PATH
 of recording stubs: the exact commands per distro family and per choice, the waits, the files
 they write. No root and no sshd: the absolute paths the scripts write are moved under a temporary
 root, and a script that would still touch one outside it is not run.

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from provision.config.inventory import Target, settings_for
+from provision.config.recipes import load_platform
 from provision.facts.host import HostFacts
-from provision.inventory import Target, settings_for
 from provision.ops.env import env_step
 from provision.ops.layout import Layout
-from provision.plan import Plan, make_plan
-from provision.recipes import load_platform
+from provision.setup.plan import Plan, make_plan
 from tests.cases import captured
 
 ROOT = Path(__file__).resolve().parents[2]

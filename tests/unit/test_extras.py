@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from provision import chart
+from provision.config.extras import install_line, need
 from provision.errors import ProvisionError
-from provision.extras import install_line, need
+from provision.money import chart
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def without(modules: list[str], *argv: str, cwd: Path) -> subprocess.CompletedPr
     code = ("import sys\n"
             f"for m in {modules!r}: sys.modules[m] = None\n"
             f"sys.argv = ['gpu-provision', *{list(argv)!r}]\n"
-            "from provision.cli import main\nmain()\n")
+            "from provision.cli.main import main\nmain()\n")
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
                           timeout=60)
 

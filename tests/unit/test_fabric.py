@@ -12,7 +12,10 @@ from types import ModuleType
 
 import pytest
 
-from provision.doctor import diagnose
+from provision.config.inventory import Target, settings_for
+from provision.config.recipes import load_platform
+from provision.config.shipped import templates_dir
+from provision.doctor.match import diagnose
 from provision.facts.fabric import (
     FabricManager,
     fabric_ready,
@@ -24,11 +27,8 @@ from provision.facts.fabric import (
 )
 from provision.facts.host import HostFacts
 from provision.facts.pci import parse_lspci
-from provision.inventory import Target, settings_for
 from provision.ops.fabric import fm_packages
-from provision.paths import templates_dir
-from provision.plan import Plan, make_plan
-from provision.recipes import load_platform
+from provision.setup.plan import Plan, make_plan
 from tests.cases import captured
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -170,7 +170,7 @@ def test_apt_takes_the_repositorys_entry_of_the_drivers_version() -> None:
 
 @pytest.fixture(scope="module")
 def vg() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("validate_gpu", templates_dir() / "validate_gpu.py")
+    spec = importlib.util.spec_from_file_location("validate_gpu", templates_dir() / "gpu/validate_gpu.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""The install part of the torch and packages steps (templates/_install.sh.j2) run by real bash and
+"""The install part of the torch and packages steps (templates/setup/_install.sh.j2) run by real bash and
 curl against a loopback web server laid out like a PyPI mirror: our uv is fetched, checked by
 sha256 and used with our indexes only; pip takes over, saying why, when uv cannot be had, and
 nothing half-written is left in the tool dir. The uv wheel here is built by the test: its "uv" is
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from provision.command import quote
 from provision.ops.installer import load_uv
-from provision.templating import render
+from provision.remote.command import quote
+from provision.remote.templating import render
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or not shutil.which("curl"),
                                 reason="runs bash scripts with curl and reads /proc/net/dev")
@@ -92,8 +92,8 @@ class Host:
         uv = None if sha256 is None else {"version": VERSION, "file": FILE, "sha256": sha256}
         script = "\n".join([
             "set -euo pipefail", f"py={quote(str(self.py))}",
-            render("_first_mirror.sh.j2", mirror_timeout=2),
-            render("_install.sh.j2", uv=uv, uv_mirrors=mirrors, mirror_timeout=2,
+            render("setup/_first_mirror.sh.j2", mirror_timeout=2),
+            render("setup/_install.sh.j2", uv=uv, uv_mirrors=mirrors, mirror_timeout=2,
                    pip_reason="no uv wheel is pinned for ppc64le"),
             commands])
         return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,

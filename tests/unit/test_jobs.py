@@ -28,7 +28,7 @@ from provision.jobs.spec import (
     parse_gpus,
 )
 from provision.jobs.state import JobState, parse_records
-from provision.runtime import MARKER, follow_script
+from provision.remote.runtime import MARKER, follow_script
 from tests.cases import captured
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"

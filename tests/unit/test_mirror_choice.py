@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from provision import simpleindex as si
-from provision.doctor import diagnose
+from provision.config.inventory import Target, settings_for
+from provision.config.recipes import load_platform
+from provision.doctor.match import diagnose
 from provision.facts.host import HostFacts
 from provision.facts.torchindex import parse_index_cache
-from provision.inventory import Target, settings_for
 from provision.ops.installer import load_uv
 from provision.ops.torch import read_torch
-from provision.plan import Plan, make_plan
-from provision.recipes import load_platform
+from provision.setup.plan import Plan, make_plan
+from provision.wheels import simpleindex as si
 from tests.cases import captured
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from provision import output
-from provision.bootstrap import Applied, StepRecord
-from provision.compare import rows
-from provision.compat import choose_torch
-from provision.doctor import diagnose
-from provision.paths import templates_dir
+from provision.config.shipped import templates_dir
+from provision.doctor.match import diagnose
+from provision.money.compare import rows
+from provision.setup.engine import Applied, StepRecord
+from provision.ui import console as output
+from provision.wheels.rule import choose_torch
 from tests.cases import CASES, captured, case_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def check(name: str, text: str) -> None:
 
 def judged(fixture: str) -> dict[str, object]:
     """A validation report: the fixture's measurements through validate_gpu.py's own judge."""
-    spec = importlib.util.spec_from_file_location("validate_gpu", str(templates_dir() / "validate_gpu.py"))
+    spec = importlib.util.spec_from_file_location("validate_gpu", str(templates_dir() / "gpu/validate_gpu.py"))
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from provision.compare import report_files
+from provision.config.inventory import find_inventory, resolve_target
+from provision.config.shipped import example_inventories, published_reports
 from provision.errors import ProvisionError
-from provision.inventory import find_inventory, resolve_target
-from provision.paths import example_inventories, published_reports
-from provision.templating import render
+from provision.money.compare import report_files
+from provision.remote.templating import render
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from provision import output
+from provision.cli.fanout import HostResult, label, summary
 from provision.errors import RemoteError, SSHError
-from provision.parallel import HostResult, label, summary
+from provision.ui import console as output
 
 
 def ctx(spec: str) -> SimpleNamespace:

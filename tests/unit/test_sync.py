@@ -12,12 +12,12 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from provision import rsync
-from provision.command import quote
-from provision.data_sync import Report, listing_script, local_landing, parse_ready, watch_body
+from provision.config.inventory import Target
 from provision.errors import ProvisionError
-from provision.inventory import Target
-from provision.sync_plan import (
+from provision.remote.command import quote
+from provision.remote.templating import render
+from provision.sync import rsync
+from provision.sync.plan import (
     Entry,
     Excludes,
     Side,
@@ -28,7 +28,7 @@ from provision.sync_plan import (
     remote_abspath,
     walk_local,
 )
-from provision.templating import render
+from provision.sync.transfer import Report, listing_script, local_landing, parse_ready, watch_body
 
 HOSTILE = ["a b.txt", "it's \"q\".txt", "$(touch pwned)", "-dash", "new\nline", "ü ✓", "x\\y"]
 
@@ -109,7 +109,7 @@ def test_finish_checks_each_part_then_renames_it(tmp_path: Path) -> None:
     Path(tmp_path / ".-c.part").write_bytes(b"half")
     records = [str(tmp_path / ".$(a) b.part"), str(good), _sha(b"good"), "1700000000", "640",
                str(tmp_path / ".-c.part"), str(bad), _sha(b"whole"), "1700000000", "644"]
-    r = subprocess.run(["bash", "-c", render("sync_host.sh.j2", mode="finish")],
+    r = subprocess.run(["bash", "-c", render("sync/sync_host.sh.j2", mode="finish")],
                        input="".join(f"{x}\0" for x in records).encode(), capture_output=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().split("\0")[:2] == [f"B {bad}", "done 1"]
@@ -121,11 +121,11 @@ def test_finish_checks_each_part_then_renames_it(tmp_path: Path) -> None:
 def test_hash_and_delete_modes(tmp_path: Path) -> None:
     (tmp_path / "d" / "e").mkdir(parents=True)
     (tmp_path / "d" / "e" / "x y").write_bytes(b"abc")
-    r = subprocess.run(["bash", "-c", render("sync_host.sh.j2", mode="hash")],
+    r = subprocess.run(["bash", "-c", render("sync/sync_host.sh.j2", mode="hash")],
                        input=f"{tmp_path}/d/e/x y\0{tmp_path}/none\0".encode(),
                        capture_output=True)
     assert r.stdout.decode().split("\0")[:2] == [_sha(b"abc"), "-"]
-    subprocess.run(["bash", "-c", render("sync_host.sh.j2", mode="delete")], check=True,
+    subprocess.run(["bash", "-c", render("sync/sync_host.sh.j2", mode="delete")], check=True,
                    input=f"{tmp_path}/d\0{tmp_path}/d/e/x y\0".encode())
     assert (tmp_path / "d").is_dir() and not (tmp_path / "d" / "e").exists()
 
@@ -220,7 +220,7 @@ def test_compare_shows_the_link_beside_the_price(tmp_path: Path) -> None:
     100 GB up is shown in hours and money at the host's price."""
     import json as _json
 
-    from provision.compare import find_reports, rows
+    from provision.money.compare import find_reports, rows
     from provision.store import Store
 
     store = Store(tmp_path)
@@ -241,8 +241,8 @@ def test_compare_shows_the_link_beside_the_price(tmp_path: Path) -> None:
 def test_rsync_is_not_used_for_a_login_ssh_would_have_to_prompt_for() -> None:
     """A password (inventory or --prompt-for-login-password) or a key's passphrase: rsync's ssh
     runs in batch mode and would fail as if the link dropped, so SFTP carries it."""
-    from provision.inventory import Target
-    from provision.rsync import why_not
+    from provision.config.inventory import Target
+    from provision.sync.rsync import why_not
     local = ("/usr/bin/rsync", "/usr/bin/ssh")
     assert why_not(Target(name="box", host="h"), local, "rsync  version 3.2.7  protocol version 31") is None
     for kw in ({"password_env": "BOX_PW"}, {"password": "pw"}):

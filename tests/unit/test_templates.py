@@ -15,21 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from provision.command import quote
+from provision.config.inventory import load_inventory, settings_for
+from provision.config.recipes import Detect, Platform, all_platforms, load_platform
+from provision.config.shipped import templates_dir
 from provision.errors import ProvisionError
+from provision.facts.gather import facts_script
 from provision.facts.host import HostFacts, parse_df
 from provision.facts.nvidia import Gpu
 from provision.facts.osinfo import parse_os_release
 from provision.facts.pci import PciGpu
 from provision.facts.platform import Virtualization
-from provision.gather import facts_script
-from provision.inventory import load_inventory, settings_for
 from provision.ops.driver import hold_step, install_step
-from provision.paths import templates_dir
-from provision.plan import make_plan
-from provision.recipes import Detect, Platform, all_platforms, load_platform
-from provision.runtime import detached_script, foreground_script, split_result
-from provision.templating import render
+from provision.remote.command import quote
+from provision.remote.runtime import detached_script, foreground_script, split_result
+from provision.remote.templating import render
+from provision.setup.plan import make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORIES = sorted((ROOT / "inventories").glob("*.yaml"))
@@ -87,19 +87,20 @@ def test_driver_scripts_render(cpu_host: HostFacts, os_release: str, branch: int
 
 
 def test_every_template_is_covered() -> None:
-    shipped = {p.name for p in templates_dir().iterdir() if p.suffix in (".j2", ".py")}
-    assert shipped == {"facts.sh.j2", "step.sh.j2", "_follow.sh.j2", "foreground.sh.j2", "conda.sh.j2", "env.sh.j2", "torch.sh.j2",
-                       "packages.sh.j2", "validate.sh.j2", "validate_gpu.py", "driver.sh.j2",
-                       "driver_hold.sh.j2", "_first_mirror.sh.j2", "secrets.sh.j2",
-                       "secrets_forget.sh.j2", "bench.sh.j2", "bench_gpu.py", "_install.sh.j2",
+    shipped = {f"{d.name}/{p.name}" for d in templates_dir().iterdir() if d.is_dir()
+               for p in d.iterdir() if p.suffix in (".j2", ".py")}
+    assert shipped == {"facts/facts.sh.j2", "remote/step.sh.j2", "jobs/_follow.sh.j2", "remote/foreground.sh.j2", "setup/conda.sh.j2", "setup/env.sh.j2", "setup/torch.sh.j2",
+                       "setup/packages.sh.j2", "setup/validate.sh.j2", "gpu/validate_gpu.py", "setup/driver.sh.j2",
+                       "setup/driver_hold.sh.j2", "setup/_first_mirror.sh.j2", "setup/secrets.sh.j2",
+                       "setup/secrets_forget.sh.j2", "gpu/bench.sh.j2", "gpu/bench_gpu.py", "setup/_install.sh.j2",
                        # jobs (rendered and run in tests/unit/test_jobs_scripts.py)
-                       "follow.sh.j2", "_jobs.sh.j2", "job_launch.sh.j2", "job_wrapper.sh.j2",
-                       "job_kill.sh.j2", "job_where.sh.j2", "jobs_list.sh.j2",
-                       "watch_sampler.sh.j2",
-                       "fabricmanager.sh.j2",
+                       "jobs/follow.sh.j2", "jobs/_jobs.sh.j2", "jobs/job_launch.sh.j2", "jobs/job_wrapper.sh.j2",
+                       "jobs/job_kill.sh.j2", "jobs/job_where.sh.j2", "jobs/jobs_list.sh.j2",
+                       "jobs/watch_sampler.sh.j2",
+                       "setup/fabricmanager.sh.j2",
                        # data and money: tests/unit/test_sync.py, test_autostop.py
-                       "sync_list.sh.j2", "sync_host.sh.j2", "sync_watch.sh.j2",
-                       "autostop_watchdog.sh.j2", "autostop_ctl.sh.j2", "idle_probe.sh.j2"}
+                       "sync/sync_list.sh.j2", "sync/sync_host.sh.j2", "sync/sync_watch.sh.j2",
+                       "money/autostop_watchdog.sh.j2", "money/autostop_ctl.sh.j2", "money/idle_probe.sh.j2"}
 
 
 def test_bench_script_renders_and_runs_without_torch(cpu_host: HostFacts, http_servers: tuple[str, str],
@@ -120,7 +121,7 @@ def test_bench_script_renders_and_runs_without_torch(cpu_host: HostFacts, http_s
               "mirrors": [{"kind": "pypi", "url": f"{web}/good/pip/"},
                           {"kind": "pytorch", "url": f"{hung}/cpu/torch/"}]}
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # a python without torch
-    r = subprocess.run(["python3", str(templates_dir() / "bench_gpu.py"), json.dumps(config)],
+    r = subprocess.run(["python3", str(templates_dir() / "gpu/bench_gpu.py"), json.dumps(config)],
                        capture_output=True, text=True, timeout=120, env=env)
     out = json.loads(r.stdout)  # the script's one line
     assert out["disk_write_mbs"] > 0 and out["disk_read_mbs"] > 0 and out["cpu_single_score"] > 0
@@ -208,7 +209,7 @@ def http_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
 
 
 def _first_mirror(*urls: str) -> subprocess.CompletedProcess[str]:
-    script = render("_first_mirror.sh.j2", mirror_timeout=2) + \
+    script = render("setup/_first_mirror.sh.j2", mirror_timeout=2) + \
         "first_mirror pypi pip/ " + " ".join(quote(u) for u in urls) + "\n"
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
 
@@ -238,7 +239,7 @@ def test_hostile_data_dir_is_quoted(tmp_path: Path) -> None:
 
 def test_render_error_names_template_and_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "broken.j2").write_text("ok\n{{ missing_value }}\n")
-    monkeypatch.setattr("provision.templating.templates_dir", lambda: tmp_path)
+    monkeypatch.setattr("provision.remote.templating.templates_dir", lambda: tmp_path)
     with pytest.raises(ProvisionError, match="template broken.j2: 'missing_value' is undefined"):
         render("broken.j2")
     (tmp_path / "syntax.j2").write_text("a\nb\n{% if %}\n")

@@ -1,4 +1,4 @@
-"""The verdict rules of templates/validate_gpu.py, judged on validation measurements (the files
+"""The verdict rules of templates/gpu/validate_gpu.py, judged on validation measurements (the files
 in tests/fixtures/validation say how each was made) and on the provisioner's config."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from provision.config.inventory import Target, merge_settings
+from provision.config.recipes import load_platform, load_recipe
+from provision.config.shipped import templates_dir
 from provision.facts.host import HostFacts
 from provision.facts.nvidia import Gpu
-from provision.inventory import Target, merge_settings
 from provision.ops.validate import gpu_reference, parse_gpu_claim, validation_config
-from provision.paths import templates_dir
-from provision.recipes import load_platform, load_recipe
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "validation"
 
@@ -25,7 +25,7 @@ FIX = Path(__file__).resolve().parent.parent / "fixtures" / "validation"
 @pytest.fixture(scope="module")
 def vg() -> ModuleType:
     """validate_gpu.py as a module: it imports torch only inside measure()."""
-    spec = importlib.util.spec_from_file_location("validate_gpu", templates_dir() / "validate_gpu.py")
+    spec = importlib.util.spec_from_file_location("validate_gpu", templates_dir() / "gpu/validate_gpu.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -175,8 +175,8 @@ def test_revalidation_only_when_something_it_checks_changed(cpu_host: HostFacts)
 
 def test_a_home_relative_data_dir_is_the_host_users_home(cpu_host: HostFacts) -> None:
     """``data_dir: ~/data`` means the remote user's home (from the facts), not a folder '~'."""
+    from provision.config.recipes import Platform
     from provision.ops.layout import layout
-    from provision.recipes import Platform
     target = Target(name="box", host="h", settings={"data_dir": "~/data"})
     settings = merge_settings(target, load_platform("generic-vm"), load_recipe("pytorch"))
     facts = replace(cpu_host, home="/home/ubuntu")

@@ -1,4 +1,4 @@
-"""The multi-GPU tier of templates/validate_gpu.py: its pure rules (``judge``) on measurement
+"""The multi-GPU tier of templates/gpu/validate_gpu.py: its pure rules (``judge``) on measurement
 files (tests/fixtures/validation/*-x*: CONSTRUCTED, see SOURCES.md), the topology parser on a
 captured `nvidia-smi topo -m`, and the fix a check names for `run` to apply."""
 
@@ -11,15 +11,15 @@ from types import ModuleType
 
 import pytest
 
+from provision.config.shipped import templates_dir
 from provision.jobs.spec import validation_env
-from provision.paths import templates_dir
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 @pytest.fixture(scope="module")
 def vg() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("validate_gpu", templates_dir() / "validate_gpu.py")
+    spec = importlib.util.spec_from_file_location("validate_gpu", templates_dir() / "gpu/validate_gpu.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

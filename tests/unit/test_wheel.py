@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.gather import facts_script
-from provision.recipes import all_platforms
+from provision.config.recipes import all_platforms
+from provision.facts.gather import facts_script
 from tests.wheel import ROOT, build_wheel
 
 
@@ -28,7 +28,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]
 
 def shipped(folder: str, pattern: str, inside: str) -> set[str]:
     """``folder/pattern`` of the checkout, as the names they must have in the wheel."""
-    found = {f"{inside}/{p.name}" for p in (ROOT / folder).glob(pattern) if p.is_file()}
+    found = {f"{inside}/{p.relative_to(ROOT / folder).as_posix()}"
+             for p in (ROOT / folder).glob(pattern) if p.is_file() and "__pycache__" not in p.parts}
     assert found, f"nothing matches {folder}/{pattern}"
     return found
 
@@ -36,17 +37,18 @@ def shipped(folder: str, pattern: str, inside: str) -> set[str]:
 def test_wheel_ships_every_file_the_tasks_read(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
     expected = (
-        shipped("templates", "*", "provision/_templates")
+        shipped("templates", "*/*", "provision/_templates")
         | shipped("recipes", "*.yaml", "provision/_recipes")
         | shipped("recipes/platforms", "*.yaml", "provision/_recipes/platforms")
         | shipped("provision/verify", "*.py", "provision/verify")
         | shipped("inventories", "*.yaml", "provision/_inventories")
         | shipped("bench/published", "*.json", "provision/_published")
-        | shipped("provision/data", "*.yaml", "provision/data")
-        | shipped("provision", "*.py", "provision")
+        | shipped("provision/tables", "*.yaml", "provision/tables")
+        | shipped("provision/doctor", "*.yaml", "provision/doctor")
+        | shipped("provision", "**/*.py", "provision")
     )
     assert sorted(expected - names) == []
-    assert {"provision/_templates/facts.sh.j2", "provision/_templates/validate_gpu.py",
+    assert {"provision/_templates/facts/facts.sh.j2", "provision/_templates/gpu/validate_gpu.py",
             "provision/_recipes/pytorch.yaml", "provision/_recipes/platforms/autodl.yaml",
             "provision/verify/test_host.py", "provision/_inventories/example-4090.yaml",
             "provision/_published/lambda-h100-sxm.json"} <= names
@@ -66,7 +68,7 @@ def test_wheel_metadata_script_and_extras(wheel: zipfile.ZipFile) -> None:
     assert 'matplotlib>=3.8; extra == "chart"' in requires
     assert 'gpu-provision[chart,verify]; extra == "all"' in requires
     [entry_points] = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
-    assert "gpu-provision = provision.cli:main" in wheel.read(entry_points).decode()
+    assert "gpu-provision = provision.cli.main:main" in wheel.read(entry_points).decode()
 
 
 def test_shipped_copies_match_the_checkout(wheel: zipfile.ZipFile) -> None:
@@ -86,13 +88,14 @@ import json, os, sys
 from pathlib import Path
 import provision
 assert provision.__file__.startswith(sys.argv[1]), provision.__file__
-from provision import doctor, paths
-from provision.compare import report_files
-from provision.gather import facts_script
-from provision.inventory import resolve_target
+from provision.config import shipped as paths
+from provision.doctor import match as doctor
+from provision.money.compare import report_files
+from provision.facts.gather import facts_script
+from provision.config.inventory import resolve_target
 from provision.ops.validate import gpu_reference
-from provision.recipes import all_platforms, load_platform, load_recipe
-from provision.templating import _env
+from provision.config.recipes import all_platforms, load_platform, load_recipe
+from provision.remote.templating import _env
 assert not isinstance(paths.templates_dir(), Path)  # a zip member: no directory on disk
 with paths.as_dir(paths.verify_suite()) as suite:
     suite_files = sorted(p.name for p in suite.iterdir() if p.suffix == ".py")
@@ -124,10 +127,10 @@ def test_runs_from_the_zipped_wheel_without_a_checkout(wheel: zipfile.ZipFile,
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["facts"] == facts_script(all_platforms(ROOT))
-    assert "facts.sh.j2" in got["templates"] and "_first_mirror.sh.j2" in got["templates"]
+    assert "facts/facts.sh.j2" in got["templates"] and "setup/_first_mirror.sh.j2" in got["templates"]
     assert got["platforms"] == sorted(p.stem for p in (ROOT / "recipes/platforms").glob("*.yaml"))
     assert (got["autodl_kind"], got["recipe_python"]) == ("container", "3.11")
     assert got["example"] == ["203.0.113.10", True]
     assert got["published"] == ["lambda-a100-40gb (published)", "lambda-h100-sxm (published)"]
-    assert got["suite"] == ["__init__.py", "conftest.py", "test_host.py"]
+    assert got["suite"] == ["__init__.py", "conftest.py", "run.py", "test_host.py"]
     assert got["knowledge"] > 10 and got["h100"]

@@ -1,0 +1,406 @@
+"""What the tasks of the renter's day after bootstrap do (run, logs, jobs, kill, watch; the
+tasks themselves are in provision/tasks_jobs.py, which imports this when one runs). Wiring only:
+resolve the hosts, open sessions, call provision/jobs/, print through provision/output."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from fabric import Connection
+from invoke.context import Context
+from invoke.exceptions import Exit
+
+from ..config.inventory import Target, expand_hosts, resolve_target, settings_for
+from ..config.recipes import all_platforms, load_recipe
+from ..errors import ProvisionError, SSHError, UsageError
+from ..facts.gather import data_dirs
+from ..facts.host import HostFacts
+from ..jobs import DEFAULT_PORT, SHOWN, remote
+from ..jobs.distributed import Node, nproc_for, rendezvous, torchrun_argv
+from ..jobs.monitor import Monitor, parse_sample
+from ..jobs.reader import Position, Reader, load, position_path
+from ..jobs.spec import (
+    JobSpec,
+    check_name,
+    check_ref,
+    command_after_dashes,
+    command_of,
+    default_name,
+    new_id,
+    parse_gpus,
+    validation_env,
+)
+from ..jobs.state import HostJobs
+from ..setup.session import Session, open_executor
+from ..store import Store, run_id
+from ..ui import console as output
+from .taskkit import ONE_HOST, has_host, target_of
+from .taskkit import notify as _notify
+
+A = TypeVar("A")
+T = TypeVar("T")
+BOTH = "give the hosts once: -H a,b (a job on each) or --hosts a,b (one job over them)"
+
+
+def targets_of(c: Context, hosts: str | None) -> list[Target]:
+    """The hosts a task talks to: ``--hosts a,b`` (or a group), else ``-H``'s one host."""
+    if hosts:
+        specs = expand_hosts(hosts)
+        if not specs:
+            raise UsageError("--hosts: no host given")
+        base = c.config if isinstance(c, Context) else None
+        out = []
+        for spec in specs:
+            # Fabric resolves user@host:port and ~/.ssh/config as it would for -H
+            cx = Connection(spec, config=base) if base is not None else Connection(spec)
+            t = resolve_target(spec, user=cx.user, port=cx.port, host=cx.host)
+            keys = c.connect_kwargs.get("key_filename") if has_host(c) else None
+            if keys:
+                t = replace(t, key=keys[0] if isinstance(keys, list) else str(keys))
+            out.append(t)
+        return out
+    if not has_host(c):
+        raise UsageError(f"{ONE_HOST} (or --hosts a,b)")
+    return [target_of(c)]
+
+
+def on_each(items: Sequence[A], fn: Callable[[A], T],
+            stop: Callable[[], None] | None = None) -> list[T]:
+    """``fn`` on every host at once, in order; the first failure is raised after all ended.
+    ``stop``: what makes them end when Ctrl-C comes (close their connections)."""
+    if len(items) == 1:
+        return [fn(items[0])]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(items)))) as pool:
+        futures = [pool.submit(fn, t) for t in items]
+        try:
+            errors = [f.exception() for f in futures]
+        except KeyboardInterrupt:
+            if stop is not None:
+                stop()
+            raise
+    for e in errors:
+        if e is not None:
+            raise e
+    return [f.result() for f in futures]
+
+
+@contextmanager
+def opened(targets: Sequence[Target], store: Store, keep_log: bool = True
+           ) -> Iterator[list[Session]]:
+    """A session on every host, opened at once and always closed. ``keep_log`` False: a streamed
+    log or the sampler's lines are not copied into the local run logs (the host keeps them)."""
+    run = run_id()
+    sessions: list[Session | None] = [None] * len(targets)
+
+    def one(i: int) -> None:
+        ex = open_executor(targets[i], store, run, _notify)
+        if not keep_log:
+            ex.log_dir = None
+        sessions[i] = Session(targets[i], ex, store, _notify, run)
+
+    try:
+        on_each(list(range(len(targets))), one)
+        yield [s for s in sessions if s is not None]
+    finally:
+        for s in sessions:
+            if s is not None:
+                s.ex.conn.close()
+
+
+@contextmanager
+def connecting(targets: Sequence[Target], store: Store) -> Iterator[Callable[[], list[Session]]]:
+    """``opened``, connecting in the background: the caller gets a function that waits for the
+    sessions, and prepares what it sends meanwhile."""
+    cm = opened(targets, store)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(cm.__enter__)
+        try:
+            yield pending.result
+        finally:
+            if pending.exception() is None:  # (waits for it) connected: close it
+                cm.__exit__(None, None, None)
+
+
+def log_dirs(target: Target) -> tuple[str, ...]:
+    """Where a job's log may go: the data dir the inventory (or its platform) names, else every
+    platform's data dir (the host uses the first that exists)."""
+    settings = settings_for(target, None)
+    return (settings.data_dir,) if settings.data_dir else data_dirs(all_platforms())
+
+
+def how_to_follow(c: Context, hosts: str | None, job: str) -> str:
+    """The command that follows the job, with the hosts as the user named them."""
+    if hosts:
+        return f"gpu-provision logs {job} --hosts {hosts} -f"
+    return f"gpu-provision -H {getattr(c, 'original_host', None) or '?'} logs {job} -f"
+
+
+def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: str | None = None,
+        share: bool = False, hosts: str | None = None, nproc_per_node: int = 0,
+        master_port: int = DEFAULT_PORT, master_addr: str | None = None, launcher: str = "auto",
+        json_: bool = False) -> dict[str, Any]:
+    """The `run` task's body; its help is in provision/tasks_jobs.py."""
+    if hosts and has_host(c):
+        raise UsageError(BOTH)
+    targets = targets_of(c, hosts)
+    asked = parse_gpus(gpus)
+    given = check_name(name) if name else None
+    store = Store()
+    # the handshake goes on while the job is made ready to send: run costs about one bare ssh
+    with connecting(targets, store) as connected:
+        first = settings_for(targets[0], None)
+        command = command_of(command_after_dashes(), load_recipe(first.recipe).job, first.recipe)
+        job_name = given or default_name(command)
+        job_id = new_id(job_name)
+        base = JobSpec(id=job_id, name=job_name, argv=command, gpus=asked,
+                       workdir=workdir or "~", share=share, launcher=launcher)
+        facts = on_each(connected(), lambda s: s.facts()) if hosts else None
+        specs = _specs(base, targets, store, facts, nproc_per_node, master_port, master_addr)
+        scripts = [remote.launch_script(x) for x in specs]
+        sessions = connected()
+        items = list(zip(sessions, specs, scripts, strict=True))
+        try:
+            started = on_each(items, lambda x: remote.launch(x[0].ex, x[1], x[2]))
+        except ProvisionError:
+            if len(items) > 1:  # the others would wait for the rendezvous: stop them
+                on_each(items, lambda x: _kill_quietly(x[0], job_id))
+            raise
+    follow = how_to_follow(c, hosts, job_id)
+    if json_:
+        output.print_json({"id": job_id, "hosts": [x.as_json() for x in started],
+                           "follow": follow})
+    else:
+        output.job_started(started, specs, follow)
+    return {"job": job_id}
+
+
+def _kill_quietly(s: Session, job: str) -> None:
+    try:
+        remote.kill(s.ex, job, 2)
+    except ProvisionError:
+        pass
+
+
+def _specs(base: JobSpec, targets: Sequence[Target], store: Store, facts: list[HostFacts] | None,
+           nproc: int, port: int, addr: str | None) -> list[JobSpec]:
+    """Each host's spec: the fixes its last validation named; over --hosts (with each host's
+    facts), torchrun with its rank and the rendezvous, and the interface its collectives use."""
+    specs = []
+    rdzv = None
+    if facts is not None:
+        nodes = [Node(t.name, t.host, f) for t, f in zip(targets, facts, strict=True)]
+        rdzv = rendezvous(nodes, port, addr)
+        _notify(f"rendezvous on {rdzv.addr}:{rdzv.port} ({rdzv.reason})")
+    for rank, target in enumerate(targets):
+        env, why = validation_env(store.last_report(target.name))
+        for line in why:
+            _notify(f"{target.name}: applying {line}")
+        argv = base.argv
+        if rdzv is not None and facts is not None:
+            argv = torchrun_argv(base.argv, nnodes=len(targets), node_rank=rank,
+                                 nproc_per_node=nproc_for(facts[rank], base.gpus, nproc),
+                                 master_addr=rdzv.addr, master_port=rdzv.port)
+            env = {**env, **rdzv.env(rank)}
+        specs.append(replace(base, argv=argv, env=env, data_dirs=log_dirs(target), rank=rank,
+                             nnodes=len(targets),
+                             hosts=tuple(t.name for t in targets) if rdzv else ()))
+    return specs
+
+
+
+
+def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
+         hosts: str | None = None) -> None:
+    """The `logs` task's body; its help is in provision/tasks_jobs.py."""
+    check_ref(job)
+    targets = targets_of(c, hosts)
+    store = Store()
+    many = len(targets) > 1
+    lock = threading.Lock()
+    codes: list[int | None] = []
+    streaming: list[Session] = []
+
+    def stop() -> None:
+        with lock:
+            for s in streaming:
+                s.ex.conn.close()
+
+    def one(target: Target) -> int | None:
+        path = position_path(store, target.name, job)
+        start = Position("") if all_ else load(path)
+        prefix = f"{target.name}: " if many else ""
+
+        def emit(line: str) -> None:
+            with lock:
+                output.log_line(prefix + line)
+
+        reader = Reader(path, start, emit)
+        if start.offset or start.lines:
+            _notify(f"{target.name}: resuming where the last reader stopped (--all prints the "
+                    "whole log)")
+        with opened([target], store, keep_log=False) as [s]:
+            with lock:
+                streaming.append(s)
+            try:
+                r = remote.follow_log(s.ex, job, expect=start.job, offset=start.offset,
+                                      lines=start.lines, follow=follow, on_line=reader.on_line,
+                                      on_err=lambda line: None)
+            except SSHError as exc:
+                reader.close()
+                raise ProvisionError(f"{exc}; {reader.lines - start.lines} new line(s) printed: "
+                                     "run the same command again to resume there") from None
+            except BaseException:
+                reader.close()
+                raise
+        ended = isinstance(r.result, dict) and isinstance(r.result.get("rc"), int)
+        reader.finished(r.size, ended)
+        if ended:
+            return int(r.result["rc"])
+        if not follow:
+            return None
+        _notify(f"{target.name}: the job ended without an exit code (lost in a reboot, or its "
+                "supervisor was killed): `jobs` says which")
+        return 255
+
+    try:
+        codes = on_each(targets, one, stop)
+    except KeyboardInterrupt:
+        raise Exit("stopped following; the job goes on. Run the same command again to resume",
+                   code=130) from None
+    if follow:
+        bad = [x for x in codes if x]
+        if bad:
+            raise Exit(code=max(x for x in bad if x is not None))
+
+
+
+
+def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None = None) -> None:
+    """The `jobs` task's body; its help is in provision/tasks_jobs.py."""
+    targets = targets_of(c, hosts)
+    store = Store()
+
+    def one(target: Target) -> HostJobs:
+        with opened([target], store) as [s]:
+            found = remote.list_jobs(s.ex)
+        return replace(found, host=target.name, jobs=tuple(replace(j, host=target.name)
+                                                            for j in found.jobs))
+
+    listed = on_each(targets, one)
+    notes = []
+    if not all_:
+        shown = []
+        for h in listed:
+            ended = [j for j in h.jobs if not j.running]
+            keep = {j.id for j in ended[:SHOWN]} | {j.id for j in h.jobs if j.running}
+            shown.append(replace(h, jobs=tuple(j for j in h.jobs if j.id in keep)))
+            if len(ended) > SHOWN:
+                notes.append(f"{h.host}: {len(ended) - SHOWN} older job(s) not shown (--all)")
+        listed = shown
+    if json_:
+        output.print_json([j.as_json(h.now) for h in listed for j in h.jobs])
+    else:
+        output.jobs_table(listed, notes)
+
+
+
+
+def kill(c: Context, job: str, grace: int = 10, hosts: str | None = None,
+         json_: bool = False) -> None:
+    """The `kill` task's body; its help is in provision/tasks_jobs.py."""
+    check_ref(job)
+    if grace < 0:
+        raise UsageError("--grace: seconds, 0 or more")
+    targets = targets_of(c, hosts)
+    store = Store()
+
+    def one(target: Target) -> dict[str, Any]:
+        with opened([target], store) as [s]:
+            return {"host": target.name, **remote.kill(s.ex, job, grace)}
+
+    reports = on_each(targets, one)
+    if json_:
+        output.print_json(reports)
+    else:
+        for r in reports:
+            output.kill_report(r)
+
+
+
+
+
+
+def watch(c: Context, once: bool = False, json_: bool = False, interval: int = 2,
+          samples: int = 0, idle_minutes: float = 10.0, hosts: str | None = None) -> None:
+    """The `watch` task's body; its help is in provision/tasks_jobs.py."""
+    if interval < 1:
+        raise UsageError("--interval: 1 second or more")
+    targets = targets_of(c, hosts)
+    names = [t.name for t in targets]
+    monitor = Monitor(idle_minutes=idle_minutes)
+    lock = threading.Lock()
+    store = Store()
+    count = 1 if once else max(0, samples)
+    live_sessions: list[Session] = []
+
+    def one(target: Target) -> None:
+        def on_line(line: str) -> None:
+            sample = parse_sample(line, target.name)
+            if sample is not None:
+                with lock:
+                    monitor.update(sample)
+
+        try:
+            with opened([target], store, keep_log=False) as [s]:
+                with lock:
+                    live_sessions.append(s)
+                remote.sample(s.ex, on_line, interval=interval, samples=count,
+                              data_dirs=log_dirs(target))
+        except ProvisionError as exc:
+            with lock:
+                monitor.errors[target.name] = str(exc)
+
+    threads = [threading.Thread(target=one, args=(t,), daemon=True) for t in targets]
+    for th in threads:
+        th.start()
+    try:
+        if once or json_:
+            for th in threads:
+                th.join()
+        else:
+            from rich.live import Live
+
+            def view() -> Any:
+                with lock:
+                    return output.watch_view(monitor, names)
+
+            with Live(view(), console=output.console, refresh_per_second=2) as live:
+                while any(th.is_alive() for th in threads):
+                    time.sleep(0.25)
+                    live.update(view())
+    except KeyboardInterrupt:
+        pass  # Ctrl-C ends the watch; closing the connections ends the samplers
+    finally:
+        with lock:
+            for s in live_sessions:
+                s.ex.conn.close()
+    for th in threads:
+        th.join(timeout=10)
+    with lock:
+        if json_:
+            output.print_json(monitor.as_json(names))
+        elif once:
+            output.console.print(output.watch_view(monitor, names))
+        failed = [n for n in names if n not in monitor.latest]
+    if failed and len(failed) == len(names) and monitor.errors:
+        raise ProvisionError("; ".join(monitor.errors[n] for n in failed if n in monitor.errors))
+
+
+
+

@@ -1,0 +1,285 @@
+"""Facts + settings -> every decision with its reason. Pure: nothing here touches a host."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..config.inventory import Settings
+from ..config.recipes import Platform
+from ..errors import NoWheelError, ProvisionError
+from ..facts.host import HostFacts, cc_from_name
+from ..ops import driver as driver_ops
+from ..ops import fabric as fabric_ops
+from ..ops import validate as validate_ops
+from ..ops.conda import conda_step
+from ..ops.env import env_step, python_conflict
+from ..ops.installer import installer_decision
+from ..ops.layout import Layout, find_env, layout, ours
+from ..ops.secrets import secrets_step
+from ..ops.step import Step, nothing
+from ..ops.torch import judge_env_torch, packages_step, torch_step
+from ..wheels.rule import TorchChoice, parse_compute_cap, torch_candidates
+
+# Branches installed when the driver is missing or too old (compat.md §1.5).
+KEPLER_BRANCH = 470  # last branch with Kepler
+CURRENT_BRANCH = 580  # CUDA 13.0; last branch with Maxwell, Pascal and Volta
+CURRENT_BRANCH_MIN = "580.65.06"  # the first 580 release (CUDA 13.0 GA)
+KEPLER_BRANCH_MIN = "470.42.01"
+ELREPO_EL7_BRANCH, ELREPO_EL7_VERSION = 550, "550.144.03"  # the last kmod-nvidia for EL7
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: str  # platform | driver | conda | env | torch | validate
+    action: str | None  # None: nothing to do
+    reason: str
+
+    @property
+    def changes(self) -> bool:
+        return self.action is not None
+
+    def as_json(self) -> dict[str, str]:
+        return {"step": self.step, "action": self.action or "none", "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Plan:
+    host: str
+    settings: Settings
+    decisions: tuple[Decision, ...]
+    torch: TorchChoice | None
+    risks: tuple[str, ...] = ()
+    blocked: str | None = None  # a reason nothing can proceed (no wheel fits)
+    steps: tuple[Step, ...] = ()  # what bootstrap applies, in order
+    layout: Layout | None = None
+    facts: HostFacts | None = None
+
+    def require_env(self, what: str) -> None:
+        """Tasks that run in the env (validate, bench) need bootstrap to have made it."""
+        if self.layout is None or self.facts is None or \
+                not any(e.prefix == self.layout.env_prefix for e in self.facts.envs):
+            raise ProvisionError(f"{self.host}: no env to {what} yet: run bootstrap first")
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "changes": [s.name for s in self.steps if s.changes and s.name != "validate"],
+            "settings": asdict(self.settings),
+            "decisions": [d.as_json() for d in self.decisions],
+            "torch": self.torch.as_json() if self.torch else None,
+            "risks": list(self.risks),
+            "blocked": self.blocked,
+        }
+
+
+def driver_branch(caps: list[tuple[int, int]], facts: HostFacts | None = None
+                  ) -> tuple[int, bool, str]:
+    """The branch to install for these GPUs: (branch, open kernel modules, reason)."""
+    if facts is not None and facts.os.id == "centos" and facts.os.major == 7:
+        return ELREPO_EL7_BRANCH, False, "CentOS 7: ELRepo's kmod-nvidia ends at 550"
+    if any(c[0] == 3 for c in caps):
+        return KEPLER_BRANCH, False, "Kepler GPUs end at driver branch 470"
+    if any(c[0] >= 10 for c in caps):
+        return CURRENT_BRANCH, True, "Blackwell needs the open kernel modules and >= R570"
+    if any(c < (7, 5) for c in caps):
+        return CURRENT_BRANCH, False, "Maxwell/Pascal/Volta end at branch 580 (proprietary modules)"
+    if not caps:  # the open modules need Turing or newer; the proprietary ones run on all of them
+        return CURRENT_BRANCH, False, ("the GPU's model is unknown to the data: the proprietary "
+                                       "modules, which run on every generation branch 580 has")
+    return CURRENT_BRANCH, True, "Turing and newer: open kernel modules (NVIDIA's default since R560)"
+
+
+# steps whose change breaks a job under way: its env's files, its driver, a reboot
+UNDER_JOBS = ("driver", "reboot", "env", "torch", "packages")
+
+
+def busy_with_jobs(facts: HostFacts, host: str, steps: list[Step]) -> str | None:
+    """Why the plan waits: a job of ours runs and a step would change what it runs on (None:
+    no job runs, or nothing it uses changes; a no-op bootstrap and validate run beside jobs)."""
+    changing = [s.name for s in steps if s.changes and s.name in UNDER_JOBS]
+    if not facts.running_jobs or not changing:
+        return None
+    ids = ", ".join(f"{j} (pid {pid})" for j, pid in facts.running_jobs[:3])
+    more = f" and {len(facts.running_jobs) - 3} more" if len(facts.running_jobs) > 3 else ""
+    first = facts.running_jobs[0][0]
+    return (f"job {ids}{more} runs; the {', '.join(changing)} change would break it under way: "
+            f"wait for it to end (`gpu-provision -H {host} jobs`), or stop it first "
+            f"(`gpu-provision -H {host} kill {first}`)")
+
+
+def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platform,
+              secrets: Mapping[str, str] | None = None, secrets_digest: str = "",
+              revalidate: bool = False) -> Plan:
+    decisions: list[Decision] = []
+    detected = facts.platform or "none detected"
+    decisions.append(Decision("platform", None,
+                              f"{platform.name} ({platform.kind}; detected: {detected}, "
+                              f"{facts.platform_evidence}; host is a {facts.virtualization.kind}"
+                              f" - {facts.virtualization.evidence})"))
+    touchable = platform.driver_touchable and facts.virtualization.kind != "container"
+    caps = sorted({parse_compute_cap(c) for c in facts.compute_caps})
+    if not caps and facts.pci_gpus:  # no driver yet: the GPU model from the PCI bus
+        caps = sorted({parse_compute_cap(cc) for g in facts.pci_gpus
+                       if (cc := cc_from_name(g.name))})
+    glibc = facts.glibc
+    torch: TorchChoice | None = None
+    cands: tuple[TorchChoice, ...] = ()
+    blocked: str | None = None
+    install: tuple[int, bool] | None = None
+
+    # What is kept must pass the rule that picks what is installed: a platform's env whose torch
+    # fails it (or a pinned torch: it is not) stays as it is, and an env of ours beside it in
+    # the same conda gets the torch the rule picks. The platform's env is never changed.
+    lay = layout(facts, settings, platform)
+    left_alone = ""
+    platform_env = find_env(facts, lay) if lay.adopted else None
+    if platform_env is not None and platform_env.torch:
+        check = judge_env_torch(facts, settings, platform_env)
+        if not check.ok:
+            lay = ours(lay, settings)
+            left_alone = (f"the platform's env {platform_env.name!r} keeps its torch "
+                          f"{platform_env.torch}, unchanged ({check.reason}); ")
+            platform_env = None
+    # the rule is applied for the Python of the env the torch goes into
+    python = platform_env.python if platform_env is not None and platform_env.python \
+        else settings.python
+
+    def pick(driver: str | None, driver_cuda: str | None) -> TorchChoice:
+        nonlocal cands
+        cands = torch_candidates(driver=driver, compute_caps=caps, python=python,
+                                 torch=settings.torch, cuda_compat=settings.cuda_compat,
+                                 glibc=glibc, driver_cuda=driver_cuda, arch=facts.arch or "x86_64",
+                                 index=settings.mirrors.pytorch[0])
+        return cands[0]
+
+    def no_wheel(exc: NoWheelError) -> str:
+        """A pinned torch: that fails the rule is an error naming the pin and the nearest fix."""
+        if not settings.torch:
+            return str(exc)
+        return (f"the torch {settings.torch} asked ({settings.how_asked('torch')}) fails the "
+                f"rule: {exc}")
+
+    def newer_driver_helps() -> bool:
+        """Would the branch bootstrap installs give a wheel? (Not for a pin without the
+        GPUs' kernels, or GPUs no build has.)"""
+        branch = driver_branch(caps, facts)[0]
+        try:
+            pick({KEPLER_BRANCH: KEPLER_BRANCH_MIN, ELREPO_EL7_BRANCH: ELREPO_EL7_VERSION}.get(
+                branch, CURRENT_BRANCH_MIN), None)
+        except NoWheelError:
+            return False
+        return True
+
+    # Driver
+    if not facts.has_nvidia_gpu:
+        decisions.append(Decision("driver", None, "no NVIDIA GPU on the PCI bus: CPU-only host"))
+    elif facts.nvidia_state == "ok" and facts.driver:
+        try:
+            torch = pick(facts.driver, facts.driver_cuda)
+            owner = "" if touchable else \
+                f"; {platform.name} owns the driver (never touched on a {platform.kind})"
+            decisions.append(Decision("driver", None,
+                                      f"driver {facts.driver} loaded (CUDA <= {facts.driver_cuda}, "
+                                      f"{facts.driver_cuda_source}); enough for {torch.label}{owner}"))
+        except NoWheelError as exc:
+            if touchable and newer_driver_helps():
+                branch, open_mod, why = driver_branch(caps, facts)
+                install = (branch, open_mod)
+                decisions.append(Decision("driver", f"upgrade to branch {branch}"
+                                          f"{' (open modules)' if open_mod else ''}",
+                                          f"driver {facts.driver} is too old: {exc}; {why}"))
+            elif touchable:  # the pin (or the GPUs) no driver can save
+                blocked = no_wheel(exc)
+                decisions.append(Decision("driver", None, f"driver {facts.driver} loaded; a "
+                                          f"newer one would not help: {exc}"))
+            else:
+                blocked = no_wheel(exc)
+                decisions.append(Decision("driver", None, f"{platform.name} owns the driver "
+                                          f"(never touched on a {platform.kind}); {exc}"))
+    elif facts.nvidia_state in ("gpu_lost", "unknown_error"):
+        blocked = f"the GPU is not usable: {facts.nvidia_detail}"
+        decisions.append(Decision("driver", None, blocked))
+    elif not touchable:
+        decisions.append(Decision("driver", None,
+                                  f"{facts.nvidia_detail}; {platform.name} is a {platform.kind} whose "
+                                  "driver belongs to the platform: never touched. Ask the "
+                                  "provider, or rent another instance"))
+        blocked = f"the GPU is not usable: {facts.nvidia_detail}"
+    elif facts.nvidia_state == "nvml_mismatch":
+        decisions.append(Decision("driver", "reboot", facts.nvidia_detail))
+    else:
+        branch, open_mod, why = driver_branch(caps, facts)
+        install = (branch, open_mod)
+        how = {"apt": "apt", "yum": "yum/dnf"}.get(facts.os.family or "", "the distro's tools")
+        reason = f"{facts.nvidia_detail}; {why}"
+        if facts.nouveau_loaded:
+            reason += "; nouveau is loaded and will be blacklisted (reboot needed)"
+        decisions.append(Decision("driver", f"install branch {branch}"
+                                  f"{' (open modules)' if open_mod else ''} with {how}", reason))
+
+    if torch is None and blocked is None and facts.has_nvidia_gpu:
+        branch = driver_branch(caps, facts)[0]
+        branch_min = {KEPLER_BRANCH: KEPLER_BRANCH_MIN, ELREPO_EL7_BRANCH: ELREPO_EL7_VERSION}.get(
+            branch, CURRENT_BRANCH_MIN)
+        try:
+            torch = pick(branch_min, None) if caps else None
+        except NoWheelError as exc:
+            blocked = no_wheel(exc)
+        if caps == [] and torch is None and blocked is None:
+            decisions.append(Decision("torch", "decide after the driver",
+                                      "compute capability unknown until nvidia-smi answers"))
+    elif not facts.has_nvidia_gpu:
+        try:
+            torch = pick(None, None)
+        except NoWheelError as exc:
+            blocked = no_wheel(exc)
+
+    steps: list[Step] = []
+    driver_decision = next(d for d in decisions if d.step == "driver")
+    if install is not None and blocked is None:
+        assert driver_decision.action is not None
+        try:
+            steps.append(driver_ops.install_step(facts, install[0], install[1],
+                                                 driver_decision.action, driver_decision.reason))
+        except ValueError as exc:
+            blocked = f"{exc}: install the NVIDIA driver by hand, then run bootstrap again"
+    elif driver_decision.action == "reboot":
+        steps.append(driver_ops.reboot_step(facts, driver_decision.reason))
+    fabric = fabric_ops.fabric_step(facts, touchable)  # NVSwitch boards only
+    if fabric is not None:
+        steps.append(fabric)
+    env = env_step(facts, settings, lay, why=left_alone)
+    refusal = python_conflict(facts, settings, lay)
+    if refusal is not None and blocked is None:
+        blocked = refusal
+    steps += [conda_step(facts, settings, lay), env]
+    if torch is not None and cands:
+        step, torch = torch_step(facts, settings, lay, cands, python, fresh_env=env.changes,
+                                 why=left_alone)
+        steps += [step, packages_step(facts, settings, lay, fresh_env=env.changes)]
+    elif blocked:
+        steps.append(nothing("torch", f"blocked: {blocked}"))
+    # validation runs after any change it checks, or when asked; otherwise it may be skipped
+    steps.append(validate_ops.validate_step(facts, lay, settings, torch,
+                                            always=revalidate or any(s.changes for s in steps)))
+    if secrets:  # tokens change nothing validation measures; they go in before conda
+        steps.insert(next(i for i, s in enumerate(steps) if s.name == "conda"),
+                     secrets_step(facts, secrets, secrets_digest))
+    if blocked is None:
+        blocked = busy_with_jobs(facts, host, steps)
+    if blocked:  # bootstrap runs nothing then: the plan says so instead of promising work
+        steps = [nothing(s.name, f"not run while blocked (would {s.label})") if s.changes else s
+                 for s in steps]
+        decisions = [Decision(d.step, None, f"not run while blocked (would {d.action}): {d.reason}")
+                     if d.changes else d for d in decisions]
+    decisions += [Decision(s.name, s.label if s.changes else None, s.reason)
+                  for s in steps if s.name != "driver"]
+    installs = installer_decision(facts, settings, [s.name for s in steps if s.changes])
+    if installs:  # right after the steps it serves
+        at = max(i for i, d in enumerate(decisions) if d.step in ("torch", "packages")) + 1
+        decisions.insert(at, Decision("installer", *installs))
+    return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
+                risks=torch.risks if torch else (), blocked=blocked, steps=tuple(steps),
+                layout=lay, facts=facts)

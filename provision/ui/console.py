@@ -1,0 +1,407 @@
+"""One rich console for everything the user reads; renderers take values and the console to
+print to (``out``, the terminal by default; tests give one that writes to a buffer).
+
+rich is imported when the first thing is printed, not with this module: ``--json`` output and
+the program's start-up do without it. Nothing is cut: piped (no terminal, no ``$COLUMNS``) a
+table takes its own width, one row per line; on a terminal, or at ``$COLUMNS``, cells wrap
+(``overflow="fold"``) instead of ending in an ellipsis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.table import Table
+
+    from ..doctor.match import Finding
+    from ..facts.host import HostFacts
+    from ..jobs.monitor import Monitor
+    from ..jobs.remote import Launched
+    from ..jobs.spec import JobSpec
+    from ..jobs.state import HostJobs
+    from ..setup.engine import Applied
+    from ..setup.plan import Plan
+    from ..wheels.rule import TorchChoice
+
+    console: Console  # what people read (stderr once a task prints JSON)
+    err_console: Console  # errors and side notes
+
+_CONSOLES: dict[str, Any] = {}
+_JSON_LOCK = threading.Lock()
+json_lines = False  # several hosts print JSON at once: one compact line each
+
+
+PIPE_WIDTH = 1000  # piped, with no $COLUMNS: a table's own width (a row per line), not 80
+
+
+def _make(name: str) -> Console:
+    from rich.console import Console
+    stream = sys.stdout if name == "console" else sys.stderr
+    piped = not stream.isatty() and not os.environ.get("COLUMNS")
+    made = Console(stderr=name != "console", highlight=False, soft_wrap=True,
+                   width=PIPE_WIDTH if piped else None)
+    kept: Console = _CONSOLES.setdefault(name, made)
+    return kept
+
+
+_HUMANS = {"to": "console"}  # which console `console` is: "err_console" once JSON owns stdout
+
+
+def __getattr__(name: str) -> Any:
+    if name == "console" and _HUMANS["to"] == "err_console":
+        name = "err_console"
+    if name in ("console", "err_console"):
+        return _CONSOLES.get(name) or _make(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def humans_to_stderr() -> None:
+    """From now on what people read goes to stderr: stdout is kept for JSON. (Nothing is
+    imported until something is printed.)"""
+    _HUMANS["to"] = "err_console"
+
+
+def print_json(data: Any) -> None:
+    """One JSON value on stdout (with several hosts at once: one line per value)."""
+    text = json.dumps(data, default=str) if json_lines else \
+        json.dumps(data, indent=2, sort_keys=False, default=str)
+    with _JSON_LOCK:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
+def table(title: str, *columns: str, show_header: bool = True, **kw: Any) -> Table:
+    """A table whose cells wrap rather than being cut; ``columns`` ending in ``>`` are
+    right-aligned, the first is bold."""
+    from rich.table import Table
+    t = Table(title=title, title_justify="left", show_header=show_header, **kw)
+    for i, col in enumerate(columns):
+        right = col.endswith(">")
+        t.add_column(col.rstrip(">"), justify="right" if right else "left", overflow="fold",
+                     style="bold" if i == 0 else None)
+    return t
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+    return rich_escape(text)
+
+
+def facts_table(host: str, f: HostFacts, out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    t = table(f"facts: {host}", "fact", "value", show_header=False)
+    gpus = ", ".join(f"{g.index}: {g.name} ({g.memory_total_mib} MiB, sm {g.compute_cap}, "
+                     f"{g.memory_used_mib} MiB used, {g.utilization_pct}% busy)" for g in f.gpus)
+    rows = [
+        ("os", f"{f.os.label} ({f.os.family or 'unknown family'}), kernel {f.kernel}, {f.arch}, "
+               f"glibc {f.glibc}"),
+        ("machine", f"{f.virtualization.kind} ({f.virtualization.what or '-'}: "
+                    f"{f.virtualization.evidence}); pid 1 {f.pid1}"),
+        ("platform", f"{f.platform or 'not detected'} ({f.platform_evidence})"),
+        ("cpu", f"{f.cpu_model} x{f.cpu_cores}; memory {f.memory_gb} GB "
+                f"({f.memory_available_gb} GB free)"),
+        ("disk", "; ".join(f"{d.path}: {d.free_gb}/{d.total_gb} GB free" for d in f.disks) or "-"),
+        ("user", "root" if f.root else ("sudo" if f.sudo else "no root, no sudo")),
+        ("pci gpus", ", ".join(g.name for g in f.pci_gpus) or "none"),
+        ("nvidia", f"{f.nvidia_state}: {f.nvidia_detail}"),
+        ("driver", f"{f.driver or 'none'}"
+                   + (f" ({'open' if f.driver_open else 'proprietary'} modules)"
+                      if f.driver_open is not None else "")
+                   + (f", CUDA <= {f.driver_cuda} ({f.driver_cuda_source})" if f.driver_cuda else "")),
+        ("gpus", gpus or "none"),
+        ("gpu processes", ", ".join(f"{p.pid} {p.name} {p.used_memory_mib} MiB"
+                                    for p in f.gpu_processes) or "none"),
+        ("nouveau", "loaded" if f.nouveau_loaded else "not loaded"),
+        ("nvcc", f.nvcc or "none (not needed: wheels bring their own CUDA runtime)"),
+        ("python", ", ".join(f.pythons) or "none"),
+        ("conda", ", ".join(f.conda) or "none"),
+        ("envs", ", ".join(f"{e.name} (py {e.python}, torch {e.torch or '-'})" for e in f.envs)
+                 or "none"),
+        ("mirrors", ", ".join(f"{k}={v}" for k, v in f.mirrors.items()) or "defaults"),
+        ("boot id", f.boot_id),
+        ("journal", "present" if f.journal else "none"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    out.print(t)
+    for w in f.warnings:
+        out.print(f"[yellow]warning:[/] {w}")
+
+
+def plan_table(plan: Plan, out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    t = table(f"plan: {plan.host} (dry run: nothing was changed)", "step", "action", "why")
+    for d in plan.decisions:
+        t.add_row(d.step, d.action if d.changes else "[dim]nothing to do[/]", d.reason)
+    out.print(t)
+    for r in plan.risks:
+        out.print(f"[yellow]risk:[/] {r}")
+    if plan.blocked:
+        out.print(f"[red]blocked:[/] {plan.blocked}")
+
+
+def choice_text(choice: TorchChoice, out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    tv = f" torchvision {choice.torchvision}" if choice.torchvision else ""
+    ta = f" torchaudio {choice.torchaudio}" if choice.torchaudio else " (no torchaudio)"
+    out.print(f"[bold]{choice.label}[/]{tv}{ta}")
+    out.print(f"index: {choice.index_url}")
+    for r in choice.reasons:
+        out.print(f"  - {r}")
+    for r in choice.risks:
+        out.print(f"  [yellow]risk:[/] {r}")
+    pkgs = [f"torch=={choice.torch}"]
+    if choice.torchvision:
+        pkgs.append(f"torchvision=={choice.torchvision}")
+    if choice.torchaudio:
+        pkgs.append(f"torchaudio=={choice.torchaudio}")
+    out.print(f"pip install {' '.join(pkgs)} --index-url {choice.index_url}")
+
+
+def verdict_table(host: str, report: Mapping[str, Any], path: Any,
+                  out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    colour = {"PASS": "green", "WARN": "yellow", "FAIL": "red"}[report["verdict"]]
+    t = table(f"validate: {host} ({report['mode']} mode, torch {report.get('torch')}, "
+              f"CUDA {report.get('cuda')})", "check", "status", "reason")
+    for c in report["checks"]:
+        t.add_row(c["name"], c["status"].upper(), c["reason"])
+    out.print(t)
+    out.print(f"verdict: [bold {colour}]{report['verdict']}[/] (report: {path})")
+
+
+def steps_table(applied: Applied, out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    t = table(f"bootstrap: {applied.host} ({applied.executions} remote executions)",
+              "step", "result", "seconds>")
+    for s in applied.steps:
+        t.add_row(s.name, s.result, f"{s.seconds:.1f}")
+    out.print(t)
+
+
+def findings_table(host: str, findings: Sequence[Finding], out: Console | None = None) -> None:
+    """Blocks, not a table: fixes hold commands the user copies whole."""
+    out = out or __getattr__("console")
+    if not findings:
+        out.print(f"doctor: {host}: no known problem found")
+        return
+    colour = {"error": "red", "warning": "yellow", "info": "cyan"}
+    counts = ", ".join(f"{sum(f.level == lv for f in findings)} {lv}" for lv in colour
+                       if any(f.level == lv for f in findings))
+    out.print(f"doctor: {host}: {counts}")
+    for f in findings:
+        out.print(f"\n[bold {colour[f.level]}]{f.level}[/] {escape(f.diagnosis)}")
+        out.print(f"  [bold]fix:[/] {escape(f.fix)}")
+        out.print(f"  [dim]seen in {escape(f.evidence)}[/]")
+
+
+def bench_table(host: str, r: dict[str, Any], path: Any, out: Console | None = None) -> None:
+    from ..money.compare import number
+    out = out or __getattr__("console")
+    t = table(f"bench: {host} ({r['mode']} mode, torch {r.get('torch')})", "figure", "value",
+              show_header=False)
+    for dtype, v in (r.get("tflops") or {}).items():
+        t.add_row(f"matmul {dtype}", f"{v} TFLOPS")
+    t.add_row("memory", number(r.get("memory_gb"), " GB"))
+    t.add_row("host to device", number(r.get("h2d_gbs"), " GB/s"))
+    t.add_row("CNN training", number(r.get("train_samples_s"), " samples/s"))
+    t.add_row("detector inference", f"{number(r.get('infer_ms_b1'), ' ms', 2)} at batch 1, "
+                                    f"{number(r.get('infer_ms_b32'), ' ms', 2)} at batch 32 "
+                                    f"({number(r.get('infer_images_s'), ' images/s')})")
+    t.add_row("disk", f"write {number(r.get('disk_write_mbs'), ' MB/s')}, read "
+                      f"{number(r.get('disk_read_mbs'), ' MB/s')} ({r.get('disk_path')})")
+    t.add_row("CPU", f"{r.get('cpu_cores')} cores, single-core score {r.get('cpu_single_score')}")
+    link = r.get("link") or {}
+    t.add_row("link (this machine)", f"up {number(link.get('up_mbs'), ' MB/s')}, down "
+                                     f"{number(link.get('down_mbs'), ' MB/s')}"
+              + (f" ({escape(link['error'])})" if link.get("error") else ""))
+    for d in r.get("downloads") or []:
+        t.add_row(f"download {d['kind']}", escape(number(d.get("mbs"), " MB/s") + f" {d['url']}"
+                                                  + (f" ({d['error']})" if d.get("error") else "")))
+    out.print(t)
+    for n in r.get("notes") or []:
+        out.print(f"note: {escape(n)}")
+    out.print(f"report: {path}")
+
+
+def compare_table(rows: Sequence[Any], notes: Sequence[str], out: Console | None = None) -> None:
+    from ..money.compare import money, number, significant, upload_text
+    out = out or __getattr__("console")
+    t = table("compare: value for money (cheapest first)", "host", "platform", "GPU", "price/h>",
+              "TFLOPS>", "samples/s>", "per 1M samples>", "per TFLOP-hour>", "download MB/s>",
+              "link up/down MB/s>", "100 GB up>")
+    for r in rows:
+        t.add_row(escape(r.host), r.platform or "-", escape(r.gpu), money(r.price, r.currency, 2),
+                  significant(r.tflops) + (f" {r.tflops_dtype}" if r.tflops_dtype else ""),
+                  number(r.samples_s), significant(r.cost_per_m_samples, r.currency),
+                  significant(r.cost_per_tflop_hour, r.currency), number(r.download_mbs),
+                  f"{number(r.link_up_mbs)} / {number(r.link_down_mbs)}", upload_text(r))
+    out.print(t)
+    for n in notes:
+        out.print(f"note: {escape(n)}")
+
+
+# -- jobs: run, logs, jobs, kill, watch ---------------------------------------------------------
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else \
+        f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def job_started(started: Sequence[Launched], specs: Sequence[JobSpec], follow: str,
+                out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    for x, spec in zip(started, specs, strict=True):
+        gpus = f"GPUs {x.gpus}" if x.gpus else "no GPU"
+        how = f"tmux session {x.session}" if x.launcher == "tmux" else "setsid"
+        rank = f" rank {spec.rank}/{spec.nnodes}" if spec.nnodes > 1 else ""
+        out.print(f"{escape(x.host)}: started job [bold]{escape(x.id)}[/]{rank} (pid {x.wrapper}, "
+                  f"{gpus}, {how}) in {escape(x.workdir)}")
+        out.print(f"  $ {escape(' '.join(quote_arg(a) for a in spec.argv))}", highlight=False)
+        out.print(f"  log {escape(x.log)}")
+    out.print(f"follow it: {escape(follow)}")
+
+
+def quote_arg(arg: str) -> str:
+    from ..remote.command import quote
+    return quote(arg)
+
+
+def log_line(line: str, out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    """One line of a job's log, as it is (no markup, no wrapping)."""
+    out.file.write(line + "\n")
+    out.file.flush()
+
+
+def jobs_table(listed: Sequence[HostJobs], notes: Sequence[str] = (),
+               out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    from rich.table import Table
+    from rich.text import Text
+
+    many = len(listed) > 1
+    t = Table(title="jobs" + ("" if many else f": {listed[0].host}" if listed else ""),
+              title_justify="left")
+    rows: list[list[str]] = []
+    styles: list[str] = []
+    for h in listed:
+        for j in h.jobs:
+            styles.append("green" if j.running else "red" if j.failed else "default")
+            started = time.strftime("%m-%d %H:%M", time.localtime(j.started)) if j.started else "-"
+            rank = f" (rank {j.rank})" if j.nnodes > 1 else ""
+            rows.append(([h.host] if many else []) + [
+                j.id + rank, j.label, started, duration(j.duration(h.now)),
+                ",".join(map(str, j.gpus)) or "-",
+                f"{j.gpu_memory_mib} MiB" if j.gpu_memory_mib is not None else "-",
+                size(j.log_size), j.last_line[:160]])
+    cols = (["host"] if many else []) + ["job", "state", "started", "for", "GPUs", "GPU mem", "log",
+                                         "last line"]
+    widths = [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(cols)]
+    left = out.width - sum(widths[:-1]) - 3 * len(cols) - 1
+    for i, col in enumerate(cols):
+        # every cell but the last line is shown whole (ids are copied from here); the last line
+        # gets the width that is left
+        last = col == "last line"
+        t.add_column(col, no_wrap=True, overflow="ellipsis" if last else "fold",
+                     min_width=None if last else widths[i],
+                     max_width=max(12, min(left, widths[i])) if last else None)
+    for r, style in zip(rows, styles, strict=True):
+        cells: list[Text | str] = [Text(x) for x in r]
+        cells[len(cols) - 7] = Text(r[len(cols) - 7], style=style)  # the state
+        t.add_row(*cells)
+    if not rows:
+        out.print("no jobs" + ("" if many else f" on {listed[0].host}" if listed else ""))
+    else:
+        out.print(t)
+    for n in notes:
+        out.print(f"[yellow]note:[/] {escape(n)}")
+
+
+def kill_report(report: Mapping[str, Any], out: Console | None = None) -> None:
+    out = out or __getattr__("console")
+    host, job = escape(str(report["host"])), escape(str(report["id"]))
+    if not report.get("was_running"):
+        out.print(f"{host}: job {job} was not running")
+        return
+    parts = [f"{s['signal']}: {'ended' if s['ended'] else 'still running'} after {s['after']}s"
+             for s in report.get("steps") or []]
+    rc = (report.get("exit") or {}).get("rc")
+    out.print(f"{host}: job {job}: {'; '.join(parts)}" + (f" (exit code {rc})" if rc is not None else ""))
+
+
+def _of(value: float | None, limit: float | None, unit: str, fmt: str = ".0f") -> str:
+    """``12/24 GiB``, ``41 C``; ``-`` for a value nvidia-smi did not give."""
+    if value is None:
+        return "-"
+    return f"{value:{fmt}}" + (f"/{limit:{fmt}}" if limit is not None else "") + unit
+
+
+def watch_view(monitor: Monitor, hosts: Sequence[str], notes: Sequence[str] = ()) -> RenderableType:
+    """The live view: GPUs, jobs, disk and memory of every host, then the alerts."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    g = Table(title=f"watch: {', '.join(hosts)} ({time.strftime('%H:%M:%S')})", title_justify="left")
+    for col in ("host", "GPU", "util", "memory", "temp", "power", "SM clock", "clocks held by"):
+        g.add_column(col, justify="right" if col not in ("host", "clocks held by") else "left")
+    j = Table(show_header=True, title=None)
+    for col in ("host", "job", "state", "for", "GPUs", "GPU mem", "log", "last line"):
+        j.add_column(col, overflow="ellipsis" if col == "last line" else "fold", no_wrap=True)
+    lines: list[Any] = []
+    alerts = []
+    for host in hosts:
+        s = monitor.latest.get(host)
+        if s is None:
+            lines.append(Text(f"{host}: {monitor.errors.get(host, 'waiting for the first sample')}",
+                              style="red" if host in monitor.errors else "dim"))
+            continue
+        for x in s.gpus:
+            g.add_row(host, str(x.index), _of(x.utilization_pct, None, "%"),
+                      _of(x.memory_used_mib and x.memory_used_mib / 1024,
+                          x.memory_total_mib and x.memory_total_mib / 1024, " GiB", ".1f"),
+                      _of(x.temperature_c, None, " C"), _of(x.power_w, x.power_limit_w, " W"),
+                      _of(x.sm_clock_mhz, x.sm_clock_max_mhz, " MHz"),
+                      Text(", ".join(x.reason_names) or "-",
+                           style="yellow" if x.throttled else "default"))
+        for job in s.jobs:
+            rate = monitor.log_rate.get((host, job.id))
+            j.add_row(host, Text(job.id), Text(job.label, style="green" if job.running else
+                                               "red" if job.failed else "default"),
+                      duration(job.duration(s.t)), ",".join(map(str, job.gpus)) or "-",
+                      f"{job.gpu_memory_mib} MiB" if job.gpu_memory_mib is not None else "-",
+                      size(job.log_size) + (f" +{size(rate)}/s" if rate else ""),
+                      Text(job.last_line[:120]))
+        disks = ", ".join(f"{d.path} {d.free_gb}/{d.total_gb} GB free" for d in s.disks)
+        lines.append(Text(f"{host}: memory {s.memory_available_gb}/{s.memory_gb} GB free; disk "
+                          f"{disks or '-'}" + (f"; {s.gpu_note}" if s.gpu_note else "")))
+        alerts += monitor.alerts(host)
+    colour = {"error": "red", "warning": "yellow", "info": "cyan"}
+    parts: list[Any] = [g] if g.row_count else [Text("no GPU on " + ", ".join(hosts), style="dim")]
+    parts += [j] if j.row_count else [Text("no jobs", style="dim")]
+    parts += lines
+    parts += [Text(f"{a.level}: {a.host}: {a.text}", style=colour[a.level]) for a in alerts]
+    parts += [Text(f"note: {n}", style="yellow") for n in notes]
+    return Group(*parts)
