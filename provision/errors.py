@@ -42,17 +42,41 @@ class SSHError(ProvisionError):
 
 
 class RemoteError(ProvisionError):
-    """A remote step failed: host, step, exit code and the last lines of its output."""
+    """A remote step failed: host, step, exit code and the last lines of its output.
 
-    def __init__(self, host: str, step: str, exit_code: int, output: str, fix: str | None = None):
+    ``logs``: where its full log is (here and on the host). ``hint``: the known failure its
+    output shows, added by the caller that diagnoses it (``doctor.explain``): the engine's
+    lower layers only report. ``diagnosable``: a step's own output, worth matching."""
+
+    def __init__(self, host: str, step: str, exit_code: int, output: str, fix: str | None = None,
+                 *, logs: tuple[str, ...] = (), hint: str | None = None, diagnosable: bool = False):
         self.host, self.step, self.remote_exit, self.output = host, step, exit_code, output
+        self.fix, self.logs, self.hint, self.diagnosable = fix, logs, hint, diagnosable
         tail = "\n".join(output.strip().splitlines()[-10:])
         msg = f"{host}: step {step!r} failed with exit code {exit_code}"
         if tail:
             msg += f"; last output:\n{tail}"
-        if fix:
-            msg += f"\nfix: {fix}"
+        parts = [x for x in (hint, fix) if x]
+        if logs:
+            parts.append(f"the full log is in {' and '.join(logs)}")
+        if parts:
+            msg += "\nfix: " + "\n".join(parts)
         super().__init__(msg)
+
+    def explained(self, hint: str) -> RemoteError:
+        """The same failure with the known cause and fix in front of the log's place."""
+        return RemoteError(self.host, self.step, self.remote_exit, self.output, self.fix,
+                           logs=self.logs, hint=hint, diagnosable=False)
+
+
+class ConnectionLost(SSHError):
+    """The connection dropped after it was up (the network, or a reboot): raised by the
+    executor for every remote execution, so no caller checks an exit status for it."""
+
+    def __init__(self, host: str, what: str, why: str = ""):
+        self.what = what
+        super().__init__(host, "connection lost", f"the connection dropped during {what}{why}; "
+                         "check the network (or whether the host rebooted) and run the task again")
 
 
 class Interrupted(ProvisionError):

@@ -31,7 +31,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import Task as InvokeTask
 from invoke.tasks import task as invoke_task
 
-from ..errors import ProvisionError, UsageError
+from ..errors import ProvisionError, RemoteError, UsageError
 from ..ui import console as output
 
 if TYPE_CHECKING:
@@ -174,6 +174,9 @@ def reports_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except ProvisionError as exc:
+            if isinstance(exc, RemoteError) and exc.diagnosable:
+                from ..doctor.match import explain  # the knowledge base loads only on a failure
+                exc = explain(exc)
             if as_json:
                 output.print_json(error_json(exc))
             raise Failed(exc) from None

@@ -15,6 +15,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 from ..errors import ProvisionError, UsageError
+from ..setup import show
 from ..ui import console as output
 from .taskkit import (  # noqa: F401  (re-exported: the names tasks in other modules use)
     ONE_HOST,
@@ -51,7 +52,7 @@ def _applied_json(applied: Applied, **more: Any) -> dict[str, Any]:
 
 
 def _show_applied(applied: Applied) -> None:
-    output.steps_table(applied)
+    show.steps_table(applied)
     if applied.report is not None:
         output.verdict_table(applied.host, applied.report, applied.report_path)
 
@@ -99,7 +100,7 @@ def plan(c: Context, json_: bool = False, python: str | None = None, torch: str 
     if json_:
         output.print_json(p.as_json())
     else:
-        output.plan_table(p)
+        show.plan_table(p)
 
 
 @task(help=_help(*SETTINGS_HELP, json="print what was done as JSON: steps (changed, seconds), "
@@ -306,7 +307,7 @@ def compare(c: Context, report: list[str] | None = None, html: str | None = None
 def _apply_only(c: Context, names: set[str], o: Overrides) -> None:
     with _session(c) as s:
         applied = s.apply(s.plan(o), o, only=names)
-    output.steps_table(applied)
+    show.steps_table(applied)
 
 
 @task(name="conda", help=_help("recipe", "platform"))
@@ -361,7 +362,7 @@ def driver_task(c: Context) -> None:
                 raise ProvisionError(f"{s.target.name}: {p.blocked}")
             return
         applied = s.apply(p, only=set(DRIVER_STEPS))
-    output.steps_table(applied)
+    show.steps_table(applied)
 
 
 SMI_CAP = "nvidia-smi --query-gpu=compute_cap --format=csv,noheader"

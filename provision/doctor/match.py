@@ -16,18 +16,32 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 
 from ..config.shipped import Traversable
-from ..errors import ConfigError, ProvisionError
+from ..errors import ConfigError, ProvisionError, RemoteError
 from ..facts.fabric import fabric_ready, fabric_summary
 from ..facts.host import HostFacts
-from ..wheels.rule import cc_text, dotted, first_build_with, load_compat, parse_compute_cap
+from ..wheels.rule import TorchChoice, cc_text, dotted, first_build_with, load_compat, parse_compute_cap
 
-if TYPE_CHECKING:
-    from ..setup.plan import Plan
+
+class EnvLayout(Protocol):
+    @property
+    def python_bin(self) -> str: ...
+
+
+class Plan(Protocol):
+    """What doctor reads of a plan (``setup.plan.Plan``, a floor above): the torch it chose and
+    the env it goes into, so that a fix names this host's interpreter and wheel."""
+
+    @property
+    def torch(self) -> TorchChoice | None: ...
+
+    @property
+    def layout(self) -> EnvLayout | None: ...
+
 
 KNOWLEDGE = resources.files("provision.doctor") / "knowledge.yaml"
 LEVELS = ("error", "warning", "info")
@@ -248,6 +262,19 @@ def _line_of(text: str, m: re.Match[str]) -> str:
     end = text.find("\n", max(m.end() - 1, m.start()))
     found = text[start:end if end >= 0 else None].replace("\n", " ").strip()
     return found if len(found) <= 200 else found[:97] + " ... " + found[-98:]
+
+
+def explain(exc: ProvisionError) -> ProvisionError:
+    """A failed step's error with the known failure its output shows in front of its fix;
+    any other error as it is. Called where an error is reported, never by the engine."""
+    if not isinstance(exc, RemoteError) or not exc.diagnosable:
+        return exc
+    known = diagnose({f"step {exc.step}": exc.output}, host=exc.host)
+    if not known:
+        return exc
+    first = known[0]
+    return exc.explained(f"{first.diagnosis} (seen: {first.evidence.split(': ', 1)[-1]}) "
+                         f"{first.fix}")
 
 
 def diagnose(texts: Mapping[str, str], facts: HostFacts | None = None, plan: Plan | None = None,

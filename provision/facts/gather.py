@@ -11,8 +11,6 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..config.inventory import Target
-from ..errors import RemoteError
-from ..remote.command import bash_script
 from .platform import PlatformMarkers
 
 if TYPE_CHECKING:  # the facts script renders where Fabric is not installed (bench/device_check.sh)
@@ -94,20 +92,13 @@ def gather(ex: Executor, target: Target | None = None, step_logs: bool = False,
            ahead: Ahead | None = None) -> HostFacts:
     """ONE remote execution; the parse happens locally. ``ahead``: the script already under way
     (for the same target and ``step_logs``)."""
-    from ..remote.executor import NO_EXIT_STATUS
     from .host import parse_facts
 
     if ahead is not None and ahead.step_logs == step_logs:
         platforms, script = ahead.get()
     else:
         platforms, script = prepare(target, step_logs)
-    result = ex.run(bash_script(script), step="facts", check=False)
-    if result.exit_code == NO_EXIT_STATUS:
-        raise ex.lost("the facts")
-    try:
-        doc = json.loads(result.stdout)
-    except ValueError:
-        raise RemoteError(ex.host, "facts", result.exit_code, result.stdout + result.stderr,
-                          fix="the facts script printed no JSON: the host needs bash and "
-                              "coreutils; see the output above") from None
+    doc = ex.query("facts", script, json.loads, what="the facts", any_exit=True,
+                   fix="the facts script printed no JSON: the host needs bash and coreutils; "
+                       "see the output above")
     return parse_facts(doc, markers_of(platforms))

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import ProvisionError, RemoteError
 from ..remote.command import bash_script
-from ..remote.executor import NO_EXIT_STATUS, Executor
+from ..remote.executor import Executor
 from ..remote.runtime import MARKER, StepRun, run_follow, run_foreground
 from ..remote.templating import render
 from .spec import JobSpec
@@ -75,12 +75,8 @@ def list_script() -> str:
 
 def list_jobs(ex: Executor) -> HostJobs:
     """Every job on the host with its state (one remote execution)."""
-    r = ex.run(bash_script(list_script()), step="jobs", check=False)
-    if r.exit_code == NO_EXIT_STATUS:
-        raise ex.lost("the job list")
-    if r.exit_code != 0:
-        raise RemoteError(ex.host, "jobs", r.exit_code, r.stdout + r.stderr)
-    return parse_records(r.stdout, ex.host)
+    return ex.query("jobs", list_script(), lambda out: parse_records(out, ex.host),
+                    what="the job list")
 
 
 def kill_script(job: str, grace: int) -> str:

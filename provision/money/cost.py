@@ -17,9 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ProvisionError, RemoteError
-from ..remote.command import bash_script
-from ..remote.executor import NO_EXIT_STATUS, Executor
+from ..errors import ProvisionError
+from ..remote.executor import Executor
 from ..remote.templating import render
 from .autostop import duration_text, parse_duration
 
@@ -66,14 +65,8 @@ def parse_probe(line: str) -> Probe:
 
 
 def probe(ex: Executor) -> Probe:
-    r = ex.run(bash_script(idle_probe_script()), step="cost", check=False)
-    if r.exit_code == NO_EXIT_STATUS:
-        raise ex.lost("the cost probe")
-    try:
-        return parse_probe(r.stdout.strip().splitlines()[-1])
-    except (ValueError, KeyError, IndexError):
-        raise RemoteError(ex.host, "cost", r.exit_code, r.stdout + r.stderr,
-                          fix="the host needs bash and coreutils") from None
+    return ex.query("cost", idle_probe_script(), lambda out: parse_probe(out.strip().splitlines()[-1]),
+                    what="the cost probe", any_exit=True, fix="the host needs bash and coreutils")
 
 
 def busy_now(p: Probe, util_max: int = 5, mem_max_mib: int = 512) -> str | None:

@@ -14,18 +14,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import paramiko
 from fabric import Connection
 
-from ..errors import RemoteError, SSHError
-from .command import Command, mask
+from ..errors import ConnectionLost, RemoteError
+from .command import Command, bash_script, mask
 
-LOST = "connection lost"
-NO_EXIT_STATUS = -1  # the channel closed without an exit status: the connection was lost
+# Invoke reports a channel that closed without an exit status as exit -1: the connection was
+# lost. ``run`` turns it into ConnectionLost, so no caller checks for it.
+_NO_EXIT_STATUS = -1
 CHUNK = 1 << 18  # bytes per SFTP read/write: large enough to keep a long link busy
 Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -124,18 +126,18 @@ class Executor:
         self.conn, self.host, self.log_dir, self.secrets = conn, host, log_dir, secrets
         self.executions = 0
 
-    def lost(self, what: str, exc: BaseException | None = None) -> SSHError:
+    def lost(self, what: str, exc: BaseException | None = None) -> ConnectionLost:
         """The connection dropped after it was up: one line, and what to do."""
         why = f" ({type(exc).__name__}: {exc})" if exc is not None and str(exc) else ""
-        return SSHError(self.host, LOST, f"the connection dropped during {what}{why}; check "
-                        "the network (or whether the host rebooted) and run the task again")
+        return ConnectionLost(self.host, what, why)
 
     def run(self, command: Command, step: str, check: bool = True, timeout: int | None = None,
             on_out: Callable[[str], None] | None = None,
-            on_err: Callable[[str], None] | None = None, stdin: str | None = None) -> Result:
+            on_err: Callable[[str], None] | None = None, stdin: str | None = None,
+            what: str | None = None) -> Result:
         """Run one command remotely (one SSH exec channel). Raises RemoteError when ``check``
-        and it exits non-zero, SSHError when the connection is lost (with ``check`` off, a lost
-        connection is the exit code NO_EXIT_STATUS, for callers that say more about it). ``on_out``/``on_err``
+        and it exits non-zero, and ConnectionLost (naming ``what``, by default the step) whenever
+        the connection is lost, ``check`` or not. ``on_out``/``on_err``
         receive each output line (secrets masked) as it arrives; the result still holds all of
         it. ``stdin`` is sent to the command and never logged."""
         started = time.monotonic()
@@ -153,7 +155,7 @@ class Executor:
                                   **streams)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 if not interrupted:
-                    raise self.lost(f"{step!r}", exc) from None
+                    raise self.lost(what or f"{step!r}", exc) from None
             except Exception:
                 if not interrupted:
                     raise
@@ -162,11 +164,28 @@ class Executor:
         result = Result(step=step, command=command.display(), stdout=r.stdout, stderr=r.stderr,
                         exit_code=r.exited, seconds=time.monotonic() - started)
         self._log(result, secrets)
-        if check and r.exited == NO_EXIT_STATUS:
-            raise self.lost(f"{step!r}")
+        if r.exited == _NO_EXIT_STATUS:
+            raise self.lost(what or f"{step!r}")
         if check and r.exited != 0:
             raise RemoteError(self.host, step, r.exited, mask(r.stdout + r.stderr, secrets))
         return result
+
+    def query(self, name: str, script: str, parse: Callable[[str], T], *, what: str,
+              fix: str | None = None, stdin: str | None = None, any_exit: bool = False) -> T:
+        """Everything that is not a step reads from the host this way: ONE execution of the bash
+        ``script``, its stdout handed to ``parse``. A non-zero exit (unless ``any_exit``: the
+        script reports its own state in what it prints) or an answer ``parse`` cannot read
+        (ValueError, KeyError, IndexError) raises RemoteError with ``fix``; a lost connection
+        raises ConnectionLost naming ``what``."""
+        r = self.run(bash_script(script), step=name, check=False, stdin=stdin, what=what)
+        shown = (r.stdout + r.stderr).replace("\0", "\n")
+        if r.exit_code != 0 and not any_exit:
+            raise RemoteError(self.host, name, r.exit_code, shown, fix=fix)
+        try:
+            return parse(r.stdout)
+        except (ValueError, KeyError, IndexError) as exc:
+            raise RemoteError(self.host, name, r.exit_code, shown,
+                              fix=fix or f"the host's answer could not be read ({exc})") from None
 
     def _log(self, result: Result, secrets: tuple[str, ...]) -> None:
         if self.log_dir is None:

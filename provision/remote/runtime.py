@@ -22,10 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..doctor.match import diagnose
-from ..errors import Interrupted, ProvisionError, RemoteError
+from ..errors import ConnectionLost, Interrupted, ProvisionError, RemoteError
 from .command import bash_script, mask
-from .executor import NO_EXIT_STATUS, Executor
+from .executor import Executor
 from .templating import render
 
 HOST_LOCK = "host"  # the provisioning steps: one at a time per host
@@ -108,25 +107,18 @@ def _finish(ex: Executor, name: str, r_stdout: str, r_stderr: str, exit_code: in
             seconds: float, again: str, host_log: bool = True) -> StepRun:
     """The step's outcome from its output; ``host_log`` False: a foreground body, which writes
     no log on the host, so no error points there."""
-    if exit_code == NO_EXIT_STATUS:
-        raise ProvisionError(f"{ex.host}: the connection was lost during step {name!r} (the "
-                             "network dropped, or the host rebooted). If the host is up the step "
-                             f"goes on there; run {again} again: it re-attaches, or redoes the "
-                             "step if the host killed it")
     stderr = "\n".join(ln for ln in r_stderr.splitlines() if not ln.startswith(HEARTBEAT))
     if exit_code == LOCKED:
         raise ProvisionError(f"{ex.host}: {stderr.strip() or 'another run holds the lock'}"
                              f" - wait for it to finish, then run {again} again")
     log, line = split_result(r_stdout)
     if exit_code != 0:
-        text = mask(log + stderr, ex.secrets)
-        known = diagnose({f"step {name}": text}, host=ex.host)
-        hint = (f"{known[0].diagnosis} (seen: {known[0].evidence.split(': ', 1)[-1]}) "
-                f"{known[0].fix}\n" if known else "")
+        # the caller that reports it adds the known failure (doctor.explain): this layer only
+        # says what failed and where its log is
         places = ([f"{ex.log_dir}/{name}.log"] if ex.log_dir else []) + \
             ([f"on the host in ~/.gpu-provision/logs/{name}.log"] if host_log else [])
-        fix = f"{hint}the full log is in {' and '.join(places)}" if places else hint.strip()
-        raise RemoteError(ex.host, name, exit_code, text, fix=fix)
+        raise RemoteError(ex.host, name, exit_code, mask(log + stderr, ex.secrets),
+                          logs=tuple(places), diagnosable=True)
     if line is None:
         see = f"; see ~/.gpu-provision/logs/{name}.log on the host" if host_log else ""
         raise ProvisionError(f"{ex.host}: step {name!r} ended without its result line{see}")
@@ -155,12 +147,17 @@ def run_detached(ex: Executor, name: str, body: str, *, inputs: str = "",
     when the connection drops), under ``lock``, journaled with ``inputs``; re-attach to it when
     it still runs with the same inputs. Its log streams back from byte ``offset``: each line to
     ``on_line``, notices and heartbeats to ``on_err``. ``again`` names what the user runs to
-    re-attach. Raises RemoteError (with doctor's diagnosis and the fix) when the body fails."""
+    re-attach. Raises RemoteError (the output, and where the log is) when the body fails."""
     script = detached_script(name, body, inputs=inputs, lock=lock, run=run, offset=offset)
     started = time.monotonic()
     try:
         r = ex.run(bash_script(script), step=name, check=False,
                    on_out=_LogOnly(on_line or (lambda _: None)), on_err=on_err or (lambda _: None))
+    except ConnectionLost:
+        raise ProvisionError(f"{ex.host}: the connection was lost during step {name!r} (the "
+                             "network dropped, or the host rebooted). If the host is up the step "
+                             f"goes on there; run {again} again: it re-attaches, or redoes the "
+                             "step if the host killed it") from None
     except KeyboardInterrupt:
         raise Interrupted(f"{ex.host}: interrupted while waiting for step {name!r}; it goes "
                           f"on, detached, on the host (log ~/.gpu-provision/logs/{name}.log). "
@@ -187,8 +184,6 @@ def run_follow(ex: Executor, name: str, where: str, *, offset: int = 0, lines: i
     started = time.monotonic()
     r = ex.run(bash_script(script), step=name, check=False,
                on_out=on_line or (lambda _: None), on_err=on_err or (lambda _: None))
-    if r.exit_code == NO_EXIT_STATUS:
-        raise ex.lost(f"{name!r}")
     return _finish(ex, name, r.stdout, r.stderr, r.exit_code, time.monotonic() - started, again)
 
 

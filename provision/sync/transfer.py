@@ -42,7 +42,7 @@ from ..facts.platform import detect_platform
 from ..ops.layout import expand_home
 from ..ops.step import inputs_hash
 from ..remote.command import bash_script
-from ..remote.executor import NO_EXIT_STATUS, Executor, file_sha256, local_part, remote_part
+from ..remote.executor import Executor, file_sha256, local_part, remote_part
 from ..remote.runtime import run_detached
 from ..remote.templating import render
 from . import rsync
@@ -143,13 +143,13 @@ def listing_script(paths: Sequence[str], platforms: Sequence[Platform] | None = 
 
 def list_host(ex: Executor, paths: Sequence[str],
               platforms: Sequence[Platform] | None = None) -> Listing:
-    r = ex.run(bash_script(listing_script(paths, platforms)), step="sync-list", check=False)
-    if r.exit_code == NO_EXIT_STATUS:
-        raise ex.lost("the listing of the host's side")
-    if r.exit_code != 0 or "\0T " not in "\0" + r.stdout:
-        raise RemoteError(ex.host, "sync-list", r.exit_code, r.stdout.replace("\0", "\n") + r.stderr,
-                          fix="the host needs bash, find and df (coreutils, findutils)")
-    return parse_listing(r.stdout)
+    def parse(out: str) -> Listing:
+        if "\0T " not in "\0" + out:
+            raise ValueError("no listing")
+        return parse_listing(out)
+    return ex.query("sync-list", listing_script(paths, platforms), parse,
+                    what="the listing of the host's side",
+                    fix="the host needs bash, find and df (coreutils, findutils)")
 
 
 @dataclass(frozen=True)
@@ -352,14 +352,10 @@ def _delete_local(root: Path, rel: str) -> None:
 # --- the host-side helper (templates/sync/sync_host.sh.j2) -----------------------------------------
 
 def _host_script(ex: Executor, mode: str, records: Sequence[str]) -> list[str]:
-    r = ex.run(bash_script(render("sync/sync_host.sh.j2", mode=mode)), step=f"sync-{mode}",
-               check=False, stdin="".join(f"{x}\0" for x in records))
-    if r.exit_code == NO_EXIT_STATUS:
-        raise ex.lost(f"the sync's {mode} step")
-    if r.exit_code != 0:
-        raise RemoteError(ex.host, f"sync-{mode}", r.exit_code, r.stdout.replace("\0", "\n") +
-                          r.stderr, fix="check that the folder is writable and the disk not full")
-    return [x for x in r.stdout.split("\0") if x]
+    return ex.query(f"sync-{mode}", render("sync/sync_host.sh.j2", mode=mode),
+                    lambda out: [x for x in out.split("\0") if x], what=f"the sync's {mode} step",
+                    stdin="".join(f"{x}\0" for x in records),
+                    fix="check that the folder is writable and the disk not full")
 
 
 class _Meter:

@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from ..jobs.remote import Launched
     from ..jobs.spec import JobSpec
     from ..jobs.state import HostJobs
-    from ..setup.engine import Applied
-    from ..setup.plan import Plan
     from ..wheels.rule import TorchChoice
 
     console: Console  # what people read (stderr once a task prints JSON)
@@ -136,18 +134,6 @@ def facts_table(host: str, f: HostFacts, out: Console | None = None) -> None:
         out.print(f"[yellow]warning:[/] {w}")
 
 
-def plan_table(plan: Plan, out: Console | None = None) -> None:
-    out = out or __getattr__("console")
-    t = table(f"plan: {plan.host} (dry run: nothing was changed)", "step", "action", "why")
-    for d in plan.decisions:
-        t.add_row(d.step, d.action if d.changes else "[dim]nothing to do[/]", d.reason)
-    out.print(t)
-    for r in plan.risks:
-        out.print(f"[yellow]risk:[/] {r}")
-    if plan.blocked:
-        out.print(f"[red]blocked:[/] {plan.blocked}")
-
-
 def choice_text(choice: TorchChoice, out: Console | None = None) -> None:
     out = out or __getattr__("console")
     tv = f" torchvision {choice.torchvision}" if choice.torchvision else ""
@@ -176,15 +162,6 @@ def verdict_table(host: str, report: Mapping[str, Any], path: Any,
         t.add_row(c["name"], c["status"].upper(), c["reason"])
     out.print(t)
     out.print(f"verdict: [bold {colour}]{report['verdict']}[/] (report: {path})")
-
-
-def steps_table(applied: Applied, out: Console | None = None) -> None:
-    out = out or __getattr__("console")
-    t = table(f"bootstrap: {applied.host} ({applied.executions} remote executions)",
-              "step", "result", "seconds>")
-    for s in applied.steps:
-        t.add_row(s.name, s.result, f"{s.seconds:.1f}")
-    out.print(t)
 
 
 def findings_table(host: str, findings: Sequence[Finding], out: Console | None = None) -> None:

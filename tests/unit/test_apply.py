@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from provision.errors import ProvisionError, RemoteError, SSHError
+from provision.doctor.match import explain
+from provision.errors import ConnectionLost, ProvisionError, RemoteError, SSHError
 from provision.ops.step import Step, Upload
 from provision.remote.command import Command
 from provision.remote.connection import TIMEOUT
@@ -62,11 +63,14 @@ class FakeExecutor:
 
     def run(self, command: Command, step: str, check: bool = True, timeout: int | None = None,
             on_out: Callable[[str], None] | None = None,
-            on_err: Callable[[str], None] | None = None, stdin: str | None = None) -> Result:
+            on_err: Callable[[str], None] | None = None, stdin: str | None = None,
+            what: str | None = None) -> Result:
         self.executions += 1
         self.calls.append((step, command.render(), stdin))
         scripted = self.answers.get(step)
         answer = (scripted.pop(0) if isinstance(scripted, list) else scripted) or Answer()
+        if answer.exit == -1:  # a channel closed without an exit status: as the real executor
+            raise ConnectionLost(self.host, what or repr(step))
         tail = f"\n{MARKER} " + json.dumps({"exit": answer.exit, "size": len(answer.log),
                                             "result": answer.result}) + "\n"
         stdout = answer.log + tail
@@ -158,7 +162,9 @@ def test_a_failed_step_names_the_step_the_output_and_the_known_fix(tmp_path: Pat
     with pytest.raises(RemoteError) as err:
         apply(ex, plan_of("cpu-fresh"), again=torch_settles("cpu-fresh"),
               store=Store(tmp_path), console=out)  # type: ignore[arg-type]
-    msg = str(err.value)
+    # the engine reports; the known fix is added where the error is shown (doctor.explain)
+    assert "disk space" not in str(err.value)
+    msg = str(explain(err.value))
     assert msg.startswith("box: step 'torch' failed with exit code 1; last output:")
     assert "No space left on device" in msg
     assert "fix: A step ran out of disk space." in msg

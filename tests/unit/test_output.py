@@ -20,6 +20,7 @@ from rich.console import Console
 from provision.config.shipped import templates_dir
 from provision.doctor.match import diagnose
 from provision.money.compare import rows
+from provision.setup import show
 from provision.setup.engine import Applied, StepRecord
 from provision.ui import console as output
 from provision.wheels.rule import choose_torch
@@ -65,7 +66,7 @@ def test_facts_table(capture: str) -> None:
                                   "kepler-nodriver-refused", "cpu-bootstrapped-noop"])
 def test_plan_table(case: str) -> None:
     plan = case_plan(CASES / "plan" / f"{case}.yaml")[1]
-    check(f"plan-{case}", rendered(lambda c: output.plan_table(plan, out=c)))
+    check(f"plan-{case}", rendered(lambda c: show.plan_table(plan, out=c)))
 
 
 def test_choice_text() -> None:
@@ -87,7 +88,7 @@ def test_steps_table() -> None:
                                          StepRecord("reboot", "ok", 48.0),
                                          StepRecord("conda", "skipped", 0.0),
                                          StepRecord("torch", "ok", 171.9)], executions=6)
-    check("steps", rendered(lambda c: output.steps_table(applied, out=c)))
+    check("steps", rendered(lambda c: show.steps_table(applied, out=c)))
 
 
 def test_findings_table() -> None:
