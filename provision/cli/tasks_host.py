@@ -171,6 +171,7 @@ def verify(c: Context, junit: str | None = None) -> None:
     need("pytest", "testinfra", extra="verify")
     from ..remote.command import Command
     from ..remote.connection import connect, host_arg
+    from ..remote.contract import CONTRACT
     from ..remote.executor import Executor
     from ..store import Store
     from ..verify.run import run_suite
@@ -182,10 +183,10 @@ def verify(c: Context, junit: str | None = None) -> None:
         # what the suite checks against is written by bootstrap's validation: without it every
         # check would fail with the same complaint
         seen = Executor(conn, target.name).run(
-            Command(("test", "-f", ".gpu-provision/expected.json")), step="verify", check=False)
+            Command(("test", "-f", CONTRACT.expected)), step="verify", check=False)
         if seen.exit_code != 0:
             raise ProvisionError(f"{target.name}: this host was never bootstrapped by "
-                                 "gpu-provision (no ~/.gpu-provision/expected.json), so there is "
+                                 f"gpu-provision (no ~/{CONTRACT.expected}), so there is "
                                  f"nothing to verify; run: gpu-provision -H {host_arg(target)} "
                                  "bootstrap")
         code = run_suite(conn, target, path)

@@ -11,6 +11,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..config.inventory import Target
+from ..remote.contract import STATE
 from .platform import PlatformMarkers
 
 if TYPE_CHECKING:  # the facts script renders where Fabric is not installed (bench/device_check.sh)
@@ -18,7 +19,7 @@ if TYPE_CHECKING:  # the facts script renders where Fabric is not installed (ben
     from ..remote.executor import Executor
     from .host import HostFacts
 
-JOURNAL_DIR = ".gpu-provision"  # under the remote $HOME: steps/<step>.json, logs/, locks/
+JOURNAL_DIR = STATE  # under the remote $HOME: steps/<step>.json, logs/, locks/
 CONDA_PREFIXES = ("/root/miniconda3", "/root/anaconda3", "/opt/conda", "/opt/miniconda3")
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from ..config.recipes import Platform, StopAction
 from ..errors import ProvisionError, UsageError
 from ..ops.layout import expand_home
+from ..remote.contract import shown
 from ..remote.executor import Executor
 from ..remote.runtime import run_foreground
 from ..remote.templating import render
@@ -204,7 +205,7 @@ def install(ex: Executor, dec: Decision, req: Request, platform: Platform) -> di
     if not result.get("installed"):
         tail = " | ".join(_lines(result.get("log"))[-3:])
         raise ProvisionError(f"{ex.host}: autostop: the watchdog did not start ({tail}); see "
-                             "~/.gpu-provision/logs/autostop.log on the host")
+                             f"{shown('logs', 'autostop.log')} on the host")
     return result
 
 

@@ -19,9 +19,10 @@ import yaml
 
 from ..config.inventory import Settings
 from ..facts.host import HostFacts
+from ..remote.contract import shown
 from .conda import listed
 
-TOOLS_DIR = "~/.gpu-provision/tools"  # ours on the host; uv-<version>/uv inside
+TOOLS_DIR = shown("tools")  # ours on the host; uv-<version>/uv inside
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ from typing import Any
 
 from ..facts.host import HostFacts
 from ..remote.command import quote
+from ..remote.contract import shown
 from ..remote.templating import render
 from .step import Outcome, Step, dict_result, nothing
 
-SECRETS_FILE = "~/.gpu-provision/env"
+SECRETS_FILE = shown("env")
 
 
 def secrets_step(facts: HostFacts, values: Mapping[str, str], digest: str) -> Step:

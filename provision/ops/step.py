@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ProvisionError
+from ..remote.contract import CONTRACT, shown
 
 if TYPE_CHECKING:
     from ..facts.host import HostFacts
@@ -70,7 +71,7 @@ class Step:
     then: Callable[[HostFacts], Step] | None = None
     kept: Outcome | None = None  # nothing to do: what its last run reported
     uploads: tuple[Upload, ...] = ()
-    lock: str = "host"  # the host lock it holds while it runs (provision/runtime.py)
+    lock: str = CONTRACT.locks.host  # the lock it holds while it runs (remote/contract.py)
 
     def __post_init__(self) -> None:
         if (self.action is None) != (self.body is None):
@@ -103,5 +104,5 @@ def dict_result(result: Any, step: str) -> Mapping[str, Any]:
     """The JSON object a body reported; anything else is a broken body."""
     if not isinstance(result, Mapping):
         raise ProvisionError(f"step {step!r} reported {result!r} instead of a JSON object; see "
-                             f"its log (~/.gpu-provision/logs/{step}.log on the host)")
+                             f"its log ({shown('logs', f'{step}.log')} on the host)")
     return result

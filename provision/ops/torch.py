@@ -5,7 +5,7 @@ importing it); then the recipe's packages with torch pinned.
 The mirror is read on the host by the torch step itself (facts stay one execution): the step
 is given every candidate the rule allows, best first, reads the index pages of their variants
 (PEP 691 JSON where offered, else PEP 503 HTML), installs the first one served, and leaves what
-it read in ``~/.gpu-provision/index/``. The facts read that cache back, so later plans choose
+it read in the state folder's ``index/``. The facts read that cache back, so later plans choose
 among what the mirror serves and say when it lags. What was installed may differ from the
 plan's choice, so the step settles: the engine re-reads the facts and re-plans, and the torch
 now there passes the rule and is kept (nothing left to do).
@@ -24,6 +24,7 @@ from ..config.inventory import Settings
 from ..config.shipped import package_source
 from ..errors import ProvisionError
 from ..facts.host import CondaEnv, HostFacts, cc_from_name
+from ..remote.contract import CONTRACT, shown
 from ..remote.templating import render
 from ..wheels import simpleindex
 from ..wheels.rule import BuildCheck, TorchChoice, check_installed, installed_choice, torch_spec
@@ -32,7 +33,7 @@ from .installer import choose_installer
 from .layout import INTERRUPTED, Layout, find_env
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
-INDEX_DIR = ".gpu-provision/index"  # under the host's $HOME: what the mirror served
+INDEX_DIR = CONTRACT.index  # under the host's $HOME: what the mirror served
 
 
 def host_gpus(facts: HostFacts) -> list[tuple[str, str]]:
@@ -128,7 +129,7 @@ def confirm_torch(prefix: str, facts: HostFacts) -> str:
     env = next((e for e in facts.envs if e.prefix == prefix), None)
     if env is None or env.torch is None:
         raise ProvisionError(f"after the torch step no torch is importable in {prefix}; see "
-                             "~/.gpu-provision/logs/torch.log on the host")
+                             f"{shown('logs', 'torch.log')} on the host")
     return f"torch {env.torch} (CUDA {env.torch_cuda or 'none'}) installed in {prefix}"
 
 

@@ -5,10 +5,11 @@ A body is bash. It writes what it has to report (one JSON value) to ``$RESULT``;
 prints it after the log on one line starting with ``MARKER``, and ``run_detached`` /
 ``run_foreground`` parse that line here, once. Everything else a body prints is its log.
 
-On the host (``~/.gpu-provision``): ``locks/<lock>`` (+ ``.owner``), ``logs/<name>.log``,
-``steps/<name>.{pid,rc,json,result}``. Tasks that must not wait for each other use different
-lock names; the provisioning steps share ``HOST_LOCK``. ``run_follow`` streams a file that is
-not a step's log (a job's) the same way, from an offset, while its process lives.
+On the host (the state folder, provision/remote/contract.py): ``locks/<lock>`` (+ ``.owner``),
+``logs/<name>.log``, ``steps/<name>.{pid,rc,json,result}``. Tasks that must not wait for each
+other use different lock names; the provisioning steps share ``HOST_LOCK``. ``run_follow``
+streams a file that is not a step's log (a job's) the same way, from an offset, while its
+process lives.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from typing import Any
 
 from ..errors import ConnectionLost, Interrupted, ProvisionError, RemoteError
 from .command import bash_script, mask
+from .contract import CONTRACT, shown
 from .executor import Executor
 from .templating import render
 
-HOST_LOCK = "host"  # the provisioning steps: one at a time per host
-MARKER = "GPU_PROVISION_RESULT"
-HEARTBEAT = "gpu-provision-heartbeat "  # stderr, every 2 s while a body runs
-NOTICE = "gpu-provision: "  # stderr: re-attaching, lock refused
-LOCKED = 75  # the step script's exit code when another run holds the lock
+HOST_LOCK = CONTRACT.locks.host  # the provisioning steps: one at a time per host
+MARKER = CONTRACT.marker
+HEARTBEAT = CONTRACT.heartbeat  # stderr, every 2 s while a body runs
+NOTICE = CONTRACT.notice  # stderr: re-attaching, lock refused
+LOCKED = CONTRACT.locked  # the step script's exit code when another run holds the lock
 POLL = 0.25  # seconds between two looks at a growing log
 
 
@@ -116,11 +118,11 @@ def _finish(ex: Executor, name: str, r_stdout: str, r_stderr: str, exit_code: in
         # the caller that reports it adds the known failure (doctor.explain): this layer only
         # says what failed and where its log is
         places = ([f"{ex.log_dir}/{name}.log"] if ex.log_dir else []) + \
-            ([f"on the host in ~/.gpu-provision/logs/{name}.log"] if host_log else [])
+            ([f"on the host in {shown('logs', f'{name}.log')}"] if host_log else [])
         raise RemoteError(ex.host, name, exit_code, mask(log + stderr, ex.secrets),
                           logs=tuple(places), diagnosable=True)
     if line is None:
-        see = f"; see ~/.gpu-provision/logs/{name}.log on the host" if host_log else ""
+        see = f"; see {shown('logs', f'{name}.log')} on the host" if host_log else ""
         raise ProvisionError(f"{ex.host}: step {name!r} ended without its result line{see}")
     return StepRun(name=name, log=log, exit_code=exit_code, result=line.get("result"),
                    size=int(line.get("size") or 0), seconds=seconds)
@@ -160,7 +162,7 @@ def run_detached(ex: Executor, name: str, body: str, *, inputs: str = "",
                              "step if the host killed it") from None
     except KeyboardInterrupt:
         raise Interrupted(f"{ex.host}: interrupted while waiting for step {name!r}; it goes "
-                          f"on, detached, on the host (log ~/.gpu-provision/logs/{name}.log). "
+                          f"on, detached, on the host (log {shown('logs', f'{name}.log')}). "
                           f"Run {again} again to re-attach and finish (the lock refuses any "
                           "other run meanwhile)") from None
     return _finish(ex, name, r.stdout, r.stderr, r.exit_code, time.monotonic() - started, again)

@@ -11,6 +11,7 @@ from jinja2.loaders import split_template_path
 from ..config.shipped import Traversable, templates_dir
 from ..errors import ProvisionError
 from .command import quote
+from .contract import CONTRACT
 
 
 class ResourceLoader(jinja2.BaseLoader):
@@ -47,9 +48,10 @@ def _env() -> jinja2.Environment:
 
 
 def render(name: str, /, **context: Any) -> str:
-    """Render ``templates/<name>``; an error names the template and line."""
+    """Render ``templates/<name>``; an error names the template and line. Every template gets
+    the host contract as ``host`` (provision/remote/contract.py)."""
     try:
-        return _env().get_template(name).render(**context)
+        return _env().get_template(name).render(host=CONTRACT, **context)
     except jinja2.TemplateSyntaxError as exc:
         raise ProvisionError(f"template {exc.name or name}:{exc.lineno}: {exc.message}") from None
     except jinja2.UndefinedError as exc:

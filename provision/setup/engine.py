@@ -121,15 +121,16 @@ def run_step(ex: Executor, step: Step, run: str, console: Console,
 
 def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
           again: Reconnect | None = None, store: Store | None = None,
-          console: Console | None = None) -> Applied:
+          console: Console | None = None, run: str | None = None) -> Applied:
     """Run the plan's steps that have work (``only``: a subset by name). A step that settles
     (the driver) re-reads the facts through ``again`` (rebooting first when it asks) and the
-    rest of the plan is made anew from them."""
+    rest of the plan is made anew from them. ``run``: the session's run id, so the host's
+    journal, the local logs and the reports of one command carry the same one."""
     console = console or output.console
     store = store or Store()
     if plan.blocked:
         raise ProvisionError(f"{plan.host}: {plan.blocked}")
-    run = run_id()
+    run = run or run_id()
     out = Applied(host=plan.host)
     steps = list(plan.steps)
     seen: set[str] = set()  # steps already run or passed over: a re-plan does not repeat them

@@ -66,7 +66,7 @@ class Session:
         from .engine import Reconnect, apply
         push = only is None
         again = Reconnect(self.reopen, lambda ex: self.plan(overrides, push=push, ex=ex))
-        return apply(self.ex, plan, only=only, again=again, store=self.store)
+        return apply(self.ex, plan, only=only, again=again, store=self.store, run=self.run)
 
 
 def open_executor(target: Target, store: Store, run: str,

@@ -42,6 +42,7 @@ from ..facts.platform import detect_platform
 from ..ops.layout import expand_home
 from ..ops.step import inputs_hash
 from ..remote.command import bash_script
+from ..remote.contract import shown
 from ..remote.executor import Executor, file_sha256, local_part, remote_part
 from ..remote.runtime import run_detached
 from ..remote.templating import render
@@ -520,7 +521,7 @@ def _rsync_down(ex: Executor, target: Target, there: Side, here: Path, plan: Cha
 # --- the link's speed (bench) -----------------------------------------------------------------
 
 LINK_PROBE_BYTES = 16 << 20
-LINK_PROBE = "~/.gpu-provision/link-probe"
+LINK_PROBE = shown("link-probe")
 
 
 def measure_link(ex: Executor, size: int = LINK_PROBE_BYTES) -> dict[str, Any]:

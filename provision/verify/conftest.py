@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import testinfra.host
 
+from provision.remote.contract import CONTRACT
+
 
 @pytest.fixture(scope="module")
 def host(_testinfra_host: testinfra.host.Host, pytestconfig: pytest.Config) -> testinfra.host.Host:
@@ -27,9 +29,9 @@ def host(_testinfra_host: testinfra.host.Host, pytestconfig: pytest.Config) -> t
 @pytest.fixture(scope="module")
 def expected(host: testinfra.host.Host) -> dict[str, Any]:
     """What the last bootstrap set up, as its validate step recorded it on the host."""
-    r = host.run("cat ~/.gpu-provision/expected.json")
+    r = host.run(f"cat ~/{CONTRACT.expected}")
     if r.rc != 0:
-        pytest.fail("no ~/.gpu-provision/expected.json on the host: run bootstrap first")
+        pytest.fail(f"no ~/{CONTRACT.expected} on the host: run bootstrap first")
     return json.loads(r.stdout)  # type: ignore[no-any-return]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from testinfra.host import Host
 
+from provision.remote.contract import CONTRACT
 from provision.verify.conftest import run_json
 
 
@@ -71,7 +72,7 @@ def test_mirrors_configured(host: Host, expected: dict[str, Any]) -> None:
 
 
 def test_driver_packages_held(host: Host) -> None:
-    entry = host.run("cat ~/.gpu-provision/steps/driver-hold.json")
+    entry = host.run(f"cat ~/{CONTRACT.steps}/driver-hold.json")
     if entry.rc != 0:
         pytest.skip("the driver was not installed by gpu-provision: nothing of ours to hold")
     assert json.loads(entry.stdout)["result"] == "ok"
@@ -81,7 +82,7 @@ def test_driver_packages_held(host: Host) -> None:
 
 
 def test_no_stale_lock(host: Host) -> None:
-    r = host.run('st="$HOME/.gpu-provision"; for l in "$st"/locks/*; do case $l in *.owner) '
+    r = host.run(f'st="$HOME/{CONTRACT.state}"; ' 'for l in "$st"/locks/*; do case $l in *.owner) '
                  'continue;; esac; [ -f "$l" ] && { flock -n "$l" true || echo "lock $(basename '
                  '"$l") held: $(cat "$l.owner")"; }; done; for p in "$st"/steps/*.pid; do '
                  '[ -f "$p" ] && echo "step left unfinished: $(basename "$p" .pid)"; done; true')

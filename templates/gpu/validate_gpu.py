@@ -1,8 +1,8 @@
 """gpu-provision validation: runs on the host in the provisioned env (Python 3.8+, torch only) and
 prints ONE line: the JSON object below. Under a minute on a real GPU.
 
-Argument 1 is the JSON config the provisioner renders (argument 2, optional, the inputs hash
-recorded with the verdict in ~/.gpu-provision/steps/verdict.json):
+Argument 1 is the JSON config the provisioner renders (the validate step journals the verdict
+itself, templates/setup/validate.sh.j2):
   {"expected_gpus": int (what nvidia-smi showed the provisioner),
    "advertised": {"model": "RTX 4090", "count": 1} | null (the inventory's ``gpu:``),
    "thresholds": {"min_tflops_ratio", "min_bandwidth_ratio", "min_cpu_cores", "min_memory_gb",
@@ -678,22 +678,10 @@ def report(m, cfg, seconds=0.0):
             "measurements": m, "seconds": round(seconds, 1)}
 
 
-def journal(verdict_, inputs):
-    """Record the verdict for the provisioner (argument 2 is its inputs hash): a re-run that
-    changes nothing skips validation after a PASS."""
-    steps = os.path.expanduser("~/.gpu-provision/steps")
-    os.makedirs(steps, exist_ok=True)
-    with open(os.path.join(steps, "verdict.json.tmp"), "w") as f:
-        json.dump({"step": "verdict", "inputs": inputs, "result": verdict_, "at": int(time.time())}, f)
-    os.replace(os.path.join(steps, "verdict.json.tmp"), os.path.join(steps, "verdict.json"))
-
-
 if __name__ == "__main__" and sys.argv[1:2] == ["--allreduce"]:
     allreduce_main(int(sys.argv[2]), *sys.argv[3:4], *(int(x) for x in sys.argv[4:6]))
 elif __name__ == "__main__":
     config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
     started = time.perf_counter()
     result = report(measure(config), config, time.perf_counter() - started)
-    if len(sys.argv) > 2:
-        journal(result["verdict"], sys.argv[2])
     print(json.dumps(result))

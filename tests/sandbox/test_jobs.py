@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -372,6 +373,36 @@ def test_bootstrap_and_validate_run_while_a_job_runs(trained: harness.HostInfo, 
     assert report["was_running"] and report["steps"][0]["signal"] == "SIGINT"
     assert report["steps"][-1]["ended"] and report["exit"]["rc"] == 130
     assert gp.jobs(inv)[job]["state"] == "killed (SIGINT)"
+
+
+def test_a_job_never_starts_under_a_provisioning_step(trained: harness.HostInfo, gp: Gp,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bootstrap's steps hold the host lock exclusively, `run` holds it shared while it starts
+    a job: a run during an install (here a step that sleeps) is refused with the step's name,
+    and goes through once the step has ended."""
+    from provision.config.inventory import Target
+    from provision.remote.connection import connect
+    from provision.remote.executor import Executor
+    from provision.remote.runtime import run_detached
+
+    monkeypatch.setenv("GPU_PROVISION_HOME", str(gp.home))
+    direct = Target(name="box", host=trained.host, port=trained.port, user="root", key=trained.key)
+    holder = threading.Thread(target=lambda: run_detached(
+        Executor(connect(direct), "box"), "torch-hold", "sleep 6", inputs="h"))
+    holder.start()
+    owner = trained.path("/root/.gpu-provision/locks/host.owner")
+    deadline = time.monotonic() + 30
+    while not (owner.exists() and "step torch-hold" in owner.read_text()):
+        assert time.monotonic() < deadline, "the host lock was never taken"
+        time.sleep(0.1)
+    r = gp("-H", trained.inventory, "run", "--name", "early", "--", "python", "-c", "pass")
+    holder.join()
+    assert r.returncode != 0
+    assert "a provisioning step holds this host" in r.stderr + r.stdout
+    assert "step torch-hold" in r.stderr + r.stdout
+    assert "early" not in gp.jobs(trained.inventory)
+    job = gp.start(trained.inventory, "--name", "after", "--", "python", "-c", "pass")
+    assert job in gp.jobs(trained.inventory)
 
 
 def free_port() -> int:

@@ -19,7 +19,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("money",),
     ("jobs", "doctor", "ops"),
     ("facts",),
-    ("remote", "verify", "wheels"),
+    ("verify",),
+    ("remote", "wheels"),
     ("config", "tables"),
     ("errors", "store"),
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -89,7 +90,7 @@ def test_driver_scripts_render(cpu_host: HostFacts, os_release: str, branch: int
 def test_every_template_is_covered() -> None:
     shipped = {f"{d.name}/{p.name}" for d in templates_dir().iterdir() if d.is_dir()
                for p in d.iterdir() if p.suffix in (".j2", ".py")}
-    assert shipped == {"facts/facts.sh.j2", "remote/step.sh.j2", "jobs/_follow.sh.j2", "remote/foreground.sh.j2", "setup/conda.sh.j2", "setup/env.sh.j2", "setup/torch.sh.j2",
+    assert shipped == {"facts/facts.sh.j2", "remote/step.sh.j2", "remote/_journal.sh.j2", "jobs/_follow.sh.j2", "remote/foreground.sh.j2", "setup/conda.sh.j2", "setup/env.sh.j2", "setup/torch.sh.j2",
                        "setup/packages.sh.j2", "setup/validate.sh.j2", "gpu/validate_gpu.py", "setup/driver.sh.j2",
                        "setup/driver_hold.sh.j2", "setup/_first_mirror.sh.j2", "setup/secrets.sh.j2",
                        "setup/secrets_forget.sh.j2", "gpu/bench.sh.j2", "gpu/bench_gpu.py", "setup/_install.sh.j2",
@@ -253,3 +254,30 @@ def test_facts_script_reads_a_home_relative_data_dir_in_the_hosts_home(tmp_path:
                        text=True, timeout=60, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     disks = parse_df(json.loads(r.stdout)["probes"]["disk"]["out"])
     assert [d.path for d in disks] == [str(tmp_path), str(tmp_path / "data")]
+
+
+def test_no_template_spells_the_state_folder() -> None:
+    """The host contract (provision/remote/contract.py) is the one place that names the state
+    folder on the host: templates get it as ``host.state`` when rendered, and the GPU payloads
+    are told their paths by the step that runs them."""
+    spelled = re.compile(r"(?<![\w.])\.gpu-provision(?![\w-])")
+    offenders = [f"{d.name}/{p.name}:{n}" for d in templates_dir().iterdir() if d.is_dir()
+                 for p in d.iterdir() if p.is_file()
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
+    assert offenders == []
+
+
+def test_the_contract_is_plain_names() -> None:
+    """Templates write the contract's names unquoted inside double quotes: each must be a
+    plain path of word characters, dots, dashes and slashes."""
+    from dataclasses import asdict
+
+    from provision.remote.contract import CONTRACT
+
+    def strings(value: object) -> list[str]:
+        return [v for x in value.values() for v in strings(x)] if isinstance(value, dict) \
+            else [value] if isinstance(value, str) else []
+    names = strings(asdict(CONTRACT))
+    assert names and all(re.fullmatch(r"[\w./ :-]+", n) for n in names), names
+    from provision.remote.runtime import detached_script
+    assert f'state="$HOME/{CONTRACT.state}"' in detached_script("x", "true")
