@@ -484,4 +484,5 @@ def forget_host_key(c: Context) -> None:
 
 
 from .tasks_data import autostop, cost, sync  # noqa: E402,F401
+from .tasks_fit import fit  # noqa: E402,F401
 from .tasks_jobs import jobs, kill, logs, run, watch  # noqa: E402,F401
