@@ -45,11 +45,11 @@ FIT_HELP = {
 @task(help=FIT_HELP, command=True)
 @reports_errors
 def fit(c: Context, model: str | None = None, config: str | None = None,
-        params: str | None = None, layers: int | None = None, hidden: int | None = None,
-        heads: int | None = None, kv_heads: int | None = None, vocab: int | None = None,
+        params: str | None = None, layers: int = 0, hidden: int = 0, heads: int = 0,
+        kv_heads: int = 0, vocab: int = 0,
         method: str = "lora", dtype: str | None = None, seq: int = 2048, batch: int = 1,
         optimizer: str = "adamw", gpus: int = 0, no_checkpointing: bool = False,
-        lora_rank: int | None = None, measure: bool = False, measure_batches: str = "1,2,4",
+        lora_rank: int = 0, measure: bool = False, measure_batches: str = "1,2,4",
         batch_env: str | None = None, measure_seconds: int = 300, workdir: str | None = None,
         json_: bool = False) -> dict[str, Any]:
     """GPU memory a model needs, term by term, and the cards that hold it, cheapest first.
@@ -62,9 +62,12 @@ def fit(c: Context, model: str | None = None, config: str | None = None,
     Example: gpu-provision fit --model llama-3.1-8b --method qlora --seq 4096 --batch 4
     """
     from .fit_commands import fit as run_fit
-    return run_fit(c, model=model, config=config, params=params, layers=layers, hidden=hidden,
-                   heads=heads, kv_heads=kv_heads, vocab=vocab, method=method, dtype=dtype,
-                   seq=seq, batch=batch, optimizer=optimizer, gpus=gpus,
-                   checkpointing=not no_checkpointing, lora_rank=lora_rank, measure=measure,
+
+    # Invoke types a flag by its default: 0 stands for "not given" on the whole-number flags
+    return run_fit(c, model=model, config=config, params=params, layers=layers or None,
+                   hidden=hidden or None, heads=heads or None, kv_heads=kv_heads or None,
+                   vocab=vocab or None, method=method, dtype=dtype, seq=seq, batch=batch,
+                   optimizer=optimizer, gpus=gpus, checkpointing=not no_checkpointing,
+                   lora_rank=lora_rank or None, measure=measure,
                    measure_batches=measure_batches, batch_env=batch_env,
                    measure_seconds=measure_seconds, workdir=workdir, json_=json_)

@@ -4,6 +4,8 @@ cheapest first; and what to change when nothing fits."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,38 @@ def test_when_nothing_fits_each_change_is_priced() -> None:
     assert "--batch 1 with gradient accumulation 8" in found and "--method qlora" in found
     assert all(c.total_gb < est.total_gb for c in found.values())
     assert found["--batch 1 with gradient accumulation 8"].card is not None
+
+
+BIN = Path(sys.executable).parent / "gpu-provision"
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN), *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_fit_json_answer(tmp_path: Path) -> None:
+    r = cli("fit", "--model", "llama-3.1-8b", "--method", "lora", "--seq", "4096", "--json",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    answer = json.loads(r.stdout)
+    assert answer["total_gb"] == pytest.approx(sum(answer["terms"].values()), abs=0.02)
+    assert set(answer["terms"]) == {"weights", "adapters", "gradients", "optimizer",
+                                    "activations", "logits", "overhead"}
+    first = answer["cards"][0]
+    assert {"gpu", "memory_gb", "count", "fits", "price_per_hour", "currency"} <= set(first)
+    assert first["fits"] and first["price_per_hour"] is not None
+    assert list(tmp_path.iterdir()) == []  # offline: nothing written
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--model", "llama-3-8b"), "error: --model llama-3-8b: not in the shipped table (nearest: llama-3.1-8b"),
+    (("--model", "mistral-7b", "--batch", "0"), "error: --batch 0: at least 1 is needed"),
+    (("--model", "mistral-7b", "--method", "full", "--dtype", "int4"), "error: --method full --dtype int4"),
+    (("--model", "mistral-7b", "--measure", "--", "python", "t.py"), "error: fit --measure runs the command on a host: -H"),
+    (("--model", "mistral-7b", "--params", "7B"), "error: fit: say what the model is with one of"),
+    (("--model", "mistral-7b", "--layers", "32"), "error: fit: --layers go with --params"),
+])
+def test_fit_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...], words: str) -> None:
+    r = cli("fit", *args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith(words) and r.stderr.count("\n") == 1, r.stderr
+    assert r.stdout == ""
