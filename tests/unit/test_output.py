@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from provision.config.minimums import KEYS as MINIMUM_KEYS
 from provision.config.shipped import templates_dir
 from provision.doctor.match import diagnose
-from provision.config.minimums import KEYS as MINIMUM_KEYS
 from provision.money.compare import rows
 from provision.ops.validate import read_validation
 from provision.setup.engine import Applied, StepRecord
