@@ -8,7 +8,7 @@ Sizes are GiB (2^30 bytes): the unit nvidia-smi's MiB and the cards' "24GB" are 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -171,7 +171,3 @@ def estimate(shape: Shape, job: Job) -> Estimate:
                     activations_other=other / GIB if other is not None else None,
                     sharding=sharding, notes=tuple(notes))
 
-
-def with_job(est: Estimate, **changes: Any) -> Estimate:
-    """The same model with some of the job changed (what-if suggestions)."""
-    return estimate(est.shape, replace(est.job, **changes))
