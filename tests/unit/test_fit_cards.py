@@ -119,3 +119,24 @@ def test_fit_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...], words:
     r = cli("fit", *args, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith(words) and r.stderr.count("\n") == 1, r.stderr
     assert r.stdout == ""
+
+
+def test_the_text_answer_shows_terms_cards_changes_and_the_measured_line() -> None:
+    from provision.fit import report
+    from provision.fit.measure import Point, Prediction, fit_line
+
+    est = estimate(find_model("llama-3.1-8b"), Job(method="lora", seq=8192, batch=8))
+    offers = [Offer("RTX 4090", 24, 0.34, "USD", "runpod")]
+    cards = rank(est, offers, fixed=True)
+    line = fit_line([Point(1, 20.0), Point(2, 22.5), Point(4, 27.4)])
+    lines = report.text(est, cards, changes(est, offers), [Prediction(8, "nvidia-smi", line,
+                                                                     line.at(8), line.error(8))])
+    assert lines[0] == ("llama-3.1-8b: 8.03B parameters, 41.9M trained; lora bf16, seq 8192, "
+                        "batch 8, adamw, checkpointing on")
+    assert lines[1].startswith("  weights ") and lines[1].endswith(" GB")
+    # least squares through (1, 20.0), (2, 22.5), (4, 27.4): 17.55 + 2.464 x batch
+    assert "measured (nvidia-smi): 17.55 GB + 2.464 GB x batch -> 37.26 ± 0.08 GB at batch 8" \
+        in lines
+    assert "no card holds it as asked; what would change that:" in lines
+    assert any(ln.startswith("  --batch 1 with gradient accumulation 8: ") and
+               ln.endswith("-> RTX 4090 24 GB x4, 1.36 USD/h") for ln in lines)
