@@ -11,7 +11,8 @@
 # Both run "$PYTHON" (default python3, which must have torch) the way the steps run the env's
 # python. Every part has a time limit; a part that fails is recorded (exit code, stderr tail)
 # and the next runs. Files, flat in OUTDIR (default $OUT): facts-stdout.json, facts.json,
-# validate-stdout.txt, validate.json, bench-stdout.txt, bench.json, summary.json. One summary
+# validate-stdout.txt, validate.json, bench-stdout.txt, bench.json, summary.json (and
+# fit-measure.json from the block at the end). One summary
 # line per part on stdout; exit 0 when every part ran and its JSON parsed.
 #
 # Needs bash, coreutils' timeout and a python with jinja2, pyyaml and packaging (Fabric and
@@ -176,4 +177,69 @@ json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print("\n".join(lines))
 sys.exit(0 if summary["ok"] else 1)
 PY
+
+# == fit --measure's startup hook on a real GPU ================================================
+# (its own block: it changes no part above and not the exit code.) templates/fit/measure_run.py
+# runs a small torch job at batch 1, 2 and 4 with templates/fit/measure_hook.py as every
+# process's sitecustomize (torch.cuda.max_memory_allocated/reserved at exit) while nvidia-smi's
+# memory.used is sampled, then once at batch 16; the line fitted to the first three
+# (provision/fit/measure.py) predicts the fourth. The job holds 2 x 256 MiB per sample at its
+# peak (x and x * 2), so the slope should come out near 0.5 GiB per sample. File:
+# fit-measure.json; one more summary line. FIT_TIMEOUT (300).
+fitdir="$work/fit"
+mkdir -p "$fitdir/hook"
+cp "$repo/templates/fit/measure_hook.py" "$fitdir/hook/sitecustomize.py"
+cat > "$fitdir/job.py" <<'PY'
+import os
+
+import torch
+
+b = int(os.environ["BATCH"])
+x = torch.randn(b, 64, 1024, 1024, device="cuda")  # 256 MiB of fp32 per sample
+y = (x * 2).sum()
+torch.cuda.synchronize()
+print("batch", b, "sum", float(y))
+PY
+cat > "$fitdir/drive.py" <<'PY'
+import json, subprocess, sys
+repo, d, out, py = sys.argv[1:5]
+from provision.fit.measure import predict, read_runs
+
+def measure(batches):
+    cfg = {"argv": [py, f"{d}/job.py"], "batches": batches, "env_var": "BATCH", "seconds": 120,
+           "hook_dir": f"{d}/hook", "path": None, "workdir": d}
+    r = subprocess.run([py, f"{repo}/templates/fit/measure_run.py", json.dumps(cfg)],
+                       capture_output=True, text=True, timeout=280)
+    return json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr[-2000:]}
+
+small = measure([1, 2, 4])
+result = {"small": small}
+gpu, runs = read_runs(small) if "error" not in small else (False, [])
+if not gpu:
+    line = "skipped: " + (small.get("error", "").strip().splitlines() or
+                          ["nvidia-smi sees no GPU here (fit --measure needs one)"])[-1][:200]
+else:
+    big = measure([16])
+    result["big"] = big
+    result["predicted"] = [p.as_json() for p in predict(runs, 16)]
+    _, [at16] = read_runs(big)
+    result["actual_16"] = {"torch_gb": at16.torch_allocated_gb, "smi_gb": at16.smi_peak_gb,
+                           "rc": at16.rc}
+    got = {"torch": at16.torch_allocated_gb, "nvidia-smi": at16.smi_peak_gb}
+    line = "; ".join(f"{p['source']}: {p['a_gb']} + {p['b_gb_per_sample']} x batch -> "
+                     f"{p['predicted_gb']} GB at 16, measured {got[p['source']]}"
+                     for p in result["predicted"])
+json.dump(result, open(f"{out}/fit-measure.json", "w"), indent=1)
+print(line)
+PY
+run fit-measure "${FIT_TIMEOUT:-300}" env HOME="$fitdir" "$py" "$fitdir/drive.py" "$repo" \
+  "$fitdir" "$out" "$(command -v "$py" || echo "$py")"
+fitrc=$(cat "$work/fit-measure.rc")
+fitsaid=$(tail -n 1 "$work/fit-measure.out" 2>/dev/null)
+fitstate=done
+case "$fitsaid" in skipped:*) fitstate=skipped; fitsaid=${fitsaid#skipped: } ;; esac
+if [ "$fitrc" != 0 ]; then fitstate=FAILED; fitsaid=$(tail -n 1 "$work/fit-measure.err" 2>/dev/null); fi
+echo "fit-measure: $fitstate (rc $fitrc, $(cat "$work/fit-measure.seconds")s): $fitsaid"
+# == end of fit --measure's block ===============================================================
+
 [ $all_ok = 1 ] && exit 0 || exit 1

@@ -35,7 +35,11 @@ from ..errors import ProvisionError, RemoteError, UsageError
 from ..ui import console as output
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from ..config.inventory import Target
+    from ..config.options import Overrides
+    from ..setup.session import Session
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -238,3 +242,17 @@ def _must_resolve(name: str) -> None:
 def notify(msg: str) -> None:
     """A side note for the user (a pinned key, a reconnect): stderr, never mixed into JSON."""
     output.err_console.print(msg, style="cyan", markup=False)
+
+
+def session_of(c: Any) -> AbstractContextManager[Session]:
+    """One session on the task's host, logging under this run."""
+    from ..setup.session import session
+    from ..store import Store
+    return session(target_of(c), Store(), notify)
+
+
+def overrides(**given: str | None) -> Overrides:
+    """The command line's settings, checked (names of recipes and platforms too) before any
+    connection."""
+    from ..config.options import Overrides
+    return Overrides(**given)

@@ -7,7 +7,6 @@ conventions are in ``taskkit``.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,24 +25,12 @@ from .taskkit import (  # noqa: F401  (re-exported: the names tasks in other mod
     task,
 )
 from .taskkit import notify as _notify
+from .taskkit import overrides as _overrides
+from .taskkit import session_of as _session
 
 if TYPE_CHECKING:
     from ..config.options import Overrides
     from ..setup.engine import Applied
-    from ..setup.session import Session
-
-
-def _session(c: Context) -> AbstractContextManager[Session]:
-    from ..setup.session import session
-    from ..store import Store
-    return session(target_of(c), Store(), _notify)
-
-
-def _overrides(**given: str | None) -> Overrides:
-    """The command line's settings, checked (names of recipes and platforms too) before any
-    connection."""
-    from ..config.options import Overrides
-    return Overrides(**given)
 
 
 def _applied_json(applied: Applied, **more: Any) -> dict[str, Any]:
@@ -486,4 +473,5 @@ def forget_host_key(c: Context) -> None:
 
 
 from .tasks_data import autostop, cost, sync  # noqa: E402,F401
+from .tasks_fit import fit  # noqa: E402,F401
 from .tasks_jobs import jobs, kill, logs, run, watch  # noqa: E402,F401

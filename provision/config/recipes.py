@@ -38,8 +38,11 @@ RECIPE_SCHEMA = {
     "miniconda_version": Check(str, v.name),
     "miniconda_sha256": Check(str, v.sha256),
     "mirrors": MIRRORS_SCHEMA,
+    # the minimums (cores, memory, free disk, each GPU's memory in GB as nvidia-smi's MiB / 1024)
+    # are judged by plan before installing and by validation after (config/minimums.py)
     "validation": {"min_free_disk_gb": float, "min_memory_gb": float, "min_cpu_cores": int,
-                   "min_tflops_ratio": float, "min_bandwidth_ratio": float},
+                   "min_gpu_memory_gb": float, "min_tflops_ratio": float,
+                   "min_bandwidth_ratio": float},
     # what `run` starts when no command follows --: argv, e.g. [python, train.py, --epochs, "10"]
     "job": Check([str], lambda xs: None if xs and all(x and "\x00" not in x for x in xs) else
                  f"{xs!r}: the command as a list of its words, e.g. [python, train.py]"),

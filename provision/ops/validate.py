@@ -12,6 +12,9 @@ from typing import Any
 import yaml
 
 from ..config.inventory import Settings, Target
+from ..config.minimums import KEYS as MINIMUM_KEYS
+from ..config.minimums import Resources
+from ..config.minimums import judge as judge_minimums
 from ..config.shipped import data_file, templates_dir
 from ..facts.host import HostFacts
 from ..remote.templating import render
@@ -48,14 +51,51 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
         if expected else "CPU mode: torch imports, the CPU build, a matmul on the CPU" \
         if not facts.has_nvidia_gpu else \
         "the GPUs nvidia-smi sees once the driver answers: torch imports, sees every GPU, matmul"
-    return Step("validate", what,
-                action="run validate_gpu.py", body=body, inputs=h, read=read_validation)
+    need = minimums_of(settings)
+    return Step("validate", what, action="run validate_gpu.py", body=body, inputs=h,
+                read=lambda result: read_validation(result, need))
 
 
-def read_validation(result: Any) -> Outcome:
-    """gpu/validate_gpu.py's report (schema in its docstring) and its verdict."""
-    report = dict_result(result, "validate")
+def read_validation(result: Any, need: Mapping[str, float] | None = None) -> Outcome:
+    """gpu/validate_gpu.py's report (schema in its docstring) with the recipe's minimums judged
+    on what it measured (the rule the plan applies before installing), and its verdict."""
+    report = dict(dict_result(result, "validate"))
+    found = judge_minimums(need or {}, measured_resources(report.get("measurements") or {}),
+                           "the recipe")
+    if found:
+        report["checks"] = [*report.get("checks", []),
+                            *({"name": j.what, "status": "pass" if j.ok else "warn",
+                               "reason": j.reason} for j in found)]
+        if report.get("verdict") == "PASS" and not all(j.ok for j in found):
+            report["verdict"] = "WARN"
     return Outcome(report=report, report_kind="validate", verdict=str(report.get("verdict")))
+
+
+def minimums_of(settings: Settings) -> dict[str, float]:
+    """The recipe's minimums (cores, memory, free disk, GPU memory) among its thresholds."""
+    return {k: v for k, v in settings.validation.items() if k in MINIMUM_KEYS}
+
+
+def host_resources(facts: HostFacts) -> Resources:
+    """What the facts say a job on the host can use (before anything is installed)."""
+    return Resources(cpu_cores=facts.cpu_cores or None, memory_gb=facts.memory_gb or None,
+                     free_disk_gb={d.path: d.free_gb for d in facts.disks},
+                     disk_total_gb={d.path: d.total_gb for d in facts.disks},
+                     gpu_memory_gb=tuple(round(g.memory_total_mib / 1024, 1) for g in facts.gpus
+                                         if g.memory_total_mib))
+
+
+def measured_resources(m: Mapping[str, Any]) -> Resources:
+    """What validate_gpu.py measured: cores, memory and free disk of the host, torch's view of
+    each GPU's memory (GB of 10^9 bytes there, GiB here as in the facts)."""
+    h = m.get("host") or {}
+    return Resources(cpu_cores=h.get("cpu_cores"), memory_gb=h.get("memory_gb"),
+                     free_disk_gb={d["path"]: d["free_gb"] for d in h.get("disks") or []
+                                   if d.get("free_gb") is not None},
+                     disk_total_gb={d["path"]: d["total_gb"] for d in h.get("disks") or []
+                                    if d.get("total_gb") is not None},
+                     gpu_memory_gb=tuple(round(g["memory_gb"] * 1e9 / 2**30, 1)
+                                         for g in m.get("gpus") or [] if g.get("memory_gb")))
 
 
 def read_bench(result: Any) -> Outcome:
@@ -115,6 +155,7 @@ def validation_config(facts: HostFacts, settings: Settings) -> dict[str, Any]:
     recipe's thresholds and the reference figures of the GPUs present."""
     refs = {g.name: ref for g in facts.gpus if (ref := gpu_reference(g.name))}
     return {"expected_gpus": len(facts.gpus), "advertised": parse_gpu_claim(settings.gpu),
+            # the minimums among them are judged here, on what it measures (read_validation)
             "thresholds": dict(settings.validation), "reference": refs,
             "data_dir": data_dir(facts, settings)}
 

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..config.inventory import Settings
+from ..config.minimums import shortfalls
 from ..config.recipes import Platform
 from ..errors import NoWheelError, ProvisionError
 from ..facts.host import HostFacts, cc_from_name
@@ -280,6 +281,10 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     if installs:  # right after the steps it serves
         at = max(i for i, d in enumerate(decisions) if d.step in ("torch", "packages")) + 1
         decisions.insert(at, Decision("installer", *installs))
+    # the recipe's minimums, judged before anything is installed by the rule validation
+    # applies after (provision/config/minimums.py): a warning naming what is short
+    short = tuple(shortfalls(validate_ops.minimums_of(settings),
+                             validate_ops.host_resources(facts), f"recipe {settings.recipe}"))
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
-                risks=torch.risks if torch else (), blocked=blocked, steps=tuple(steps),
-                layout=lay, facts=facts)
+                risks=(*(torch.risks if torch else ()), *short), blocked=blocked,
+                steps=tuple(steps), layout=lay, facts=facts)

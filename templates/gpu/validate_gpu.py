@@ -5,8 +5,7 @@ Argument 1 is the JSON config the provisioner renders (the validate step journal
 itself, templates/setup/validate.sh.j2):
   {"expected_gpus": int (what nvidia-smi showed the provisioner),
    "advertised": {"model": "RTX 4090", "count": 1} | null (the inventory's ``gpu:``),
-   "thresholds": {"min_tflops_ratio", "min_bandwidth_ratio", "min_cpu_cores", "min_memory_gb",
-                  "min_free_disk_gb"},
+   "thresholds": {"min_tflops_ratio", "min_bandwidth_ratio"},
    "reference": {<GPU name as nvidia-smi prints it>: {"fp32", "tf32", "fp16", "bf16": dense peak
                  TFLOPS or null, "h2d_gbs": host-to-device GB/s a healthy PCIe link gives,
                  "source": url}},
@@ -20,6 +19,9 @@ Output schema (version 2):
                     "tflops": {dtype: float}, "h2d_gbs": float}], "cpu_gflops": float|null,
                     "multi": {...} (2+ GPUs: see measure_multi)},
    "seconds": float}
+The host's cores, memory and free disk are measured here ("measurements"."host") and judged
+against the recipe's minimums by the provisioner (provision/config/minimums.py: one rule for
+the plan, before anything is installed, and for this report).
 A check may carry "env": {NAME: value}: the fix for a known trap (NCCL_P2P_DISABLE=1 ...), which
 `gpu-provision run` applies to the jobs it starts on this host.
 ``judge(measurements, config)`` holds every verdict rule and is pure, so recorded measurements
@@ -411,7 +413,6 @@ def judge(m, cfg):
         else:
             check("cuda available", "pass", "torch.cuda.is_available()")
             _judge_gpus(m, cfg, th, check)
-    _judge_host(m, th, check)
     return checks
 
 
@@ -646,21 +647,6 @@ def _num(value):
         return float(value)
     except (TypeError, ValueError):
         return 0.0
-
-
-def _judge_host(m, th, check):
-    h = m.get("host") or {}
-    for key, have, unit, what in (("min_cpu_cores", h.get("cpu_cores"), "", "cpu cores"),
-                                  ("min_memory_gb", h.get("memory_gb"), " GB", "memory")):
-        need = th.get(key)
-        if need is not None and have is not None:
-            check(what, "pass" if have >= need else "warn",
-                  f"{have}{unit}, the recipe wants at least {need}{unit}")
-    need = th.get("min_free_disk_gb")
-    for d in h.get("disks", []):
-        if need is not None and d.get("free_gb") is not None:
-            check(f"free disk {d['path']}", "pass" if d["free_gb"] >= need else "warn",
-                  f"{d['free_gb']} GB free of {d['total_gb']} GB, the recipe wants {need} GB")
 
 
 def verdict(checks):

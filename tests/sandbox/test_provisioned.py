@@ -1,6 +1,7 @@
 """On one provisioned CPU-only sandbox host: `verify` (the shipped testinfra suite), `validate`,
-`doctor`, `bench`, then `compare` with two published reports and its page in headless Chromium;
-last, torch is removed behind the tool's back and verify names that check."""
+`doctor`, `fit --measure` (which needs a GPU), `bench`, then `compare` with two published
+reports and its page in headless Chromium; last, torch is removed behind the tool's back and
+verify names that check."""
 
 from __future__ import annotations
 
@@ -80,6 +81,17 @@ def test_verify_validate_doctor_on_a_provisioned_host(hosts: Hosts, gp_home: Pat
         d = gpu_provision("-H", info.inventory, "doctor", home=gp_home, cwd=tmp_path)
         assert (d.returncode, d.stdout.strip()) == (0, f"doctor: {info.id}: no known problem found")
 
+        # fit --measure on a host without a GPU: said in one line, nothing run
+        m = gpu_provision("-H", info.inventory, "fit", "--model", "qwen2.5-7b", "--method",
+                          "qlora", "--measure", "--", "python", "train.py", "--batch-size",
+                          "{batch}", home=gp_home, cwd=tmp_path)
+        assert m.returncode == 1 and m.stdout == "", m.stdout + m.stderr
+        assert m.stderr.strip().endswith("fit --measure needs a GPU and nvidia-smi sees none on "
+                                         "this host; without one, `gpu-provision fit` (no -H) "
+                                         "estimates the memory offline"), m.stderr
+        assert not (tmp_path / "logs" / info.id).exists() or not any(
+            p.name.startswith("measure") for p in (tmp_path / "logs" / info.id).rglob("*"))
+
         bench_and_compare(info, inv, gp_home, tmp_path)
 
         env = "/root/miniconda3/envs/torch"
@@ -125,7 +137,7 @@ def bench_and_compare(info: harness.HostInfo, inv: str, gp_home: Path, tmp_path:
     hosts = [ln.split("│")[1].strip() for ln in lines]  # data rows (the header uses ┃)
     assert hosts[0] == "cpu-box"  # the only host with a training figure comes first
     assert {"lambda-h100-sxm (published)", "lambda-a100-40gb (published)"} <= set(hosts)
-    assert "note: lambda-h100-sxm, lambda-a100-40gb: datasheet peak TFLOPS" in c.stdout
+    assert "note: lambda-h100-sxm: datasheet peak TFLOPS and Lambda 1x H100 SXM $4.29/h" in c.stdout
     page = tmp_path / "reports" / "compare.html"
     assert page.exists() and (tmp_path / "reports" / "compare.png").read_bytes()[:4] == b"\x89PNG"
     rendered(page, tmp_path)

@@ -19,7 +19,7 @@ from provision.facts.host import parse_facts
 REPO = Path(__file__).resolve().parent.parent.parent
 SCRIPT = REPO / "bench" / "device_check.sh"
 FILES = {"facts-stdout.json", "facts.json", "validate-stdout.txt", "validate.json",
-         "bench-stdout.txt", "bench.json", "summary.json"}
+         "bench-stdout.txt", "bench.json", "summary.json", "fit-measure.json"}
 
 
 def _run(out: Path, tmp: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -49,8 +49,12 @@ def test_it_writes_the_files_the_device_tool_brings_back(
     assert all(f.is_file() and re.fullmatch(r"[A-Za-z0-9._-]+", f.name)
                and f.stat().st_size < 16 << 20 for f in files)
     lines = result.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["facts", "validate", "bench"]
-    assert all(" done (rc 0, " in line for line in lines)
+    assert [line.split(":")[0] for line in lines] == ["facts", "validate", "bench", "fit-measure"]
+    assert all(" done (rc 0, " in line for line in lines[:3])
+    # fit --measure's hook needs a GPU: on this machine its block says so and fails nothing
+    assert lines[3].startswith("fit-measure: skipped (rc 0, ") and "needs one" in lines[3]
+    assert json.loads((out / "fit-measure.json").read_text())["small"] == {"gpu": False,
+                                                                        "runs": []}
 
 
 def test_facts_are_our_facts_script_and_parser(

@@ -16,7 +16,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("sync", "setup"),
     ("ui",),
-    ("money",),
+    ("money", "fit"),
     ("jobs", "doctor", "ops"),
     ("facts",),
     ("verify",),

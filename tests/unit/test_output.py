@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from provision.config.minimums import KEYS as MINIMUM_KEYS
 from provision.config.shipped import templates_dir
 from provision.doctor.match import diagnose
 from provision.money.compare import rows
+from provision.ops.validate import read_validation
 from provision.setup import show
 from provision.setup.engine import Applied, StepRecord
 from provision.ui import console as output
@@ -48,13 +50,17 @@ def check(name: str, text: str) -> None:
 
 
 def judged(fixture: str) -> dict[str, object]:
-    """A validation report: the fixture's measurements through validate_gpu.py's own judge."""
+    """A validation report: the fixture's measurements through validate_gpu.py's own judge,
+    then the recipe's minimums judged on them as the provisioner does (read_validation)."""
     spec = importlib.util.spec_from_file_location("validate_gpu", str(templates_dir() / "gpu/validate_gpu.py"))
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     case = json.loads((FIXTURES / "validation" / fixture).read_text())
-    return mod.report(case["measurements"], case["config"], 41.2)  # type: ignore[no-any-return]
+    need = {k: v for k, v in case["config"]["thresholds"].items() if k in MINIMUM_KEYS}
+    outcome = read_validation(mod.report(case["measurements"], case["config"], 41.2), need)
+    assert outcome.report is not None
+    return dict(outcome.report)
 
 
 @pytest.mark.parametrize("capture", ["h200", "autodl-bootstrapped", "ubuntu-20.04-nodriver"])

@@ -17,7 +17,12 @@ from provision.config.recipes import load_platform, load_recipe
 from provision.config.shipped import templates_dir
 from provision.facts.host import HostFacts
 from provision.facts.nvidia import Gpu
-from provision.ops.validate import gpu_reference, parse_gpu_claim, validation_config
+from provision.ops.validate import (
+    gpu_reference,
+    parse_gpu_claim,
+    read_validation,
+    validation_config,
+)
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "validation"
 
@@ -43,8 +48,7 @@ def test_healthy_card_passes(vg: ModuleType) -> None:
     verdict, checks = judged(vg, "rtx4090-healthy")
     assert verdict == "PASS", checks
     assert set(checks) == {"driver", "torch import", "cuda available", "gpu count", "gpu 0 matmul",
-                           "gpu 0 speed", "gpu 0 bandwidth", "gpu busy", "advertised gpu",
-                           "cpu cores", "memory", "free disk /root"}
+                           "gpu 0 speed", "gpu 0 bandwidth", "gpu busy", "advertised gpu"}
     assert "fp16 150.2/165.2 (0.91)" in checks["gpu 0 speed"][1]
 
 
@@ -119,9 +123,30 @@ def test_cpu_mode(vg: ModuleType) -> None:
          "torch": {"version": "2.13.0+cpu", "cuda": None, "error": None, "cpu_matmul_ok": True},
          "gpus": [], "cpu_gflops": 80.0, "libcuda": None}
     report = vg.report(m, {"expected_gpus": 0, "thresholds": {"min_cpu_cores": 4}})
-    assert report["mode"] == "cpu" and report["verdict"] == "WARN"
-    assert [c["name"] for c in report["checks"]] == ["torch import", "cpu matmul", "cuda build",
-                                                     "cpu cores"]
+    assert report["mode"] == "cpu" and report["verdict"] == "PASS"
+    assert [c["name"] for c in report["checks"]] == ["torch import", "cpu matmul", "cuda build"]
+    # the recipe's minimums are judged on what the host measured, by the rule plan applies
+    read = read_validation(report, {"min_cpu_cores": 4, "min_memory_gb": 16})
+    assert read.verdict == "WARN" and read.report is not None
+    assert read.report["checks"][-2:] == [
+        {"name": "cpu cores", "status": "warn", "reason": "2, the recipe wants at least 4"},
+        {"name": "memory", "status": "pass", "reason": "23.4 GB, the recipe wants at least 16 GB"}]
+
+
+def test_healthy_card_with_the_recipes_minimums(vg: ModuleType) -> None:
+    case = json.loads((FIX / "rtx4090-healthy.json").read_text())
+    need = {k: v for k, v in case["config"]["thresholds"].items() if k.startswith("min_")
+            and k not in ("min_tflops_ratio", "min_bandwidth_ratio")}
+    read = read_validation(vg.report(case["measurements"], case["config"]),
+                           {**need, "min_gpu_memory_gb": 15})
+    assert read.verdict == "PASS" and read.report is not None
+    names = {c["name"]: c["status"] for c in read.report["checks"]}
+    assert {k: names[k] for k in ("cpu cores", "memory", "free disk /root",
+                                  "GPU memory (GPU 0)")} == dict.fromkeys(
+        ("cpu cores", "memory", "free disk /root", "GPU memory (GPU 0)"), "pass")
+    short = read_validation(vg.report(case["measurements"], case["config"]),
+                            {"min_gpu_memory_gb": 40})
+    assert short.verdict == "WARN"
 
 
 def test_reference_lookup_and_claims() -> None:
