@@ -54,6 +54,7 @@ def sync(c: Context, direction: str, src: str, dest: str | None = None,
     from ..store import Store
     from ..sync import show as output_data
     from ..sync import transfer as data_sync
+    from ..sync import watch as sync_watch
     from ..ui import console as output
 
     if direction not in ("up", "down"):
@@ -67,7 +68,7 @@ def sync(c: Context, direction: str, src: str, dest: str | None = None,
             session(target, store, _notify) as s:
         if watch:
             idle = parse_duration(until_idle, "--until-idle") if until_idle else 0
-            rep = data_sync.watch(s.ex, target, src, dest, watch, opts, settle, 1.0, idle,
+            rep = sync_watch.watch(s.ex, target, src, dest, watch, opts, settle, 1.0, idle,
                                   lambda line: output.err_console.print(f"{target.name}: {line}",
                                                                         markup=False), link)
             if json_:
@@ -152,8 +153,8 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
             if json_:
                 output.print_json({"host": target.name, "removed": removed})
             else:
-                output.console.print(f"autostop: {target.name}: "
-                                     + ("removed" if removed else "was not set"))
+                output.console.print(output.text(f"autostop: {target.name}: "
+                                     + ("removed" if removed else "was not set")))
             return
         if req is not None:
             facts = s.facts()

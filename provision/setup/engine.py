@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from ..errors import ProvisionError, SSHError
 from ..ops.step import Outcome, Step
@@ -89,7 +88,7 @@ def reboot_and_wait(ex: Executor, old_boot_id: str, again: Reconnect,
         except SSHError as exc:
             if exc.kind in (HOST_KEY_CHANGED, AUTH_REFUSED):
                 raise
-            console.print(f"{ex.host}: waiting for the host to come back ({exc.kind})")
+            console.print(output.text(f"{ex.host}: waiting for the host to come back ({exc.kind})"))
         else:
             plan = again.replan(new)
             assert plan.facts is not None
@@ -140,7 +139,7 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
         if only is not None and step.name not in only:
             continue
         if not step.changes:
-            console.print(f"[dim]{plan.host}: {step.name}: nothing to do - {escape(step.reason)}[/]")
+            console.print(output.text((f"{plan.host}: {step.name}: nothing to do - {step.reason}", "dim")))
             out.steps.append(StepRecord(step.name, "skipped", 0.0))
             if step.kept is not None:
                 _record(out, step.name, step.kept, plan.host, store, run)
@@ -173,7 +172,7 @@ def _timed(ex: Executor, step: Step, run: str, out: Applied, console: Console) -
     outcome = run_step(ex, step, run, console)
     seconds = time.monotonic() - started
     out.steps.append(StepRecord(step.name, "ok", seconds))
-    console.print(f"{ex.host}: {step.name}: done in {seconds:.1f}s")
+    console.print(output.text(f"{ex.host}: {step.name}: done in {seconds:.1f}s"))
     return outcome
 
 
@@ -185,7 +184,7 @@ def _settle(ex: Executor, plan: Plan, step: Step, outcome: Outcome, out: Applied
     if again is None:
         raise ProvisionError(f"{plan.host}: the {step.name} step needs a reconnecting session")
     if outcome.reboot:
-        console.print(f"{ex.host}: rebooting (the module cannot load without it) ...")
+        console.print(output.text(f"{ex.host}: rebooting (the module cannot load without it) ..."))
         started = time.monotonic()
         ex, plan, spent = reboot_and_wait(ex, plan.facts.boot_id, again, console)
         out.executions += spent
@@ -197,7 +196,7 @@ def _settle(ex: Executor, plan: Plan, step: Step, outcome: Outcome, out: Applied
         confirmed = step.settle(plan.facts)
     except ProvisionError as exc:
         raise ProvisionError(f"{ex.host}: {exc}") from None
-    console.print(f"{ex.host}: {confirmed}")
+    console.print(output.text(f"{ex.host}: {confirmed}"))
     if plan.blocked:
         raise ProvisionError(f"{plan.host}: {plan.blocked}")
     return ex, plan

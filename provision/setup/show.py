@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..ui.console import table
+from ..ui.console import table, text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -22,12 +22,12 @@ def plan_table(plan: Plan, out: Console | None = None) -> None:
     out = out or console()
     t = table(f"plan: {plan.host} (dry run: nothing was changed)", "step", "action", "why")
     for d in plan.decisions:
-        t.add_row(d.step, d.action if d.changes else "[dim]nothing to do[/]", d.reason)
+        t.add_row(d.step, d.action if d.changes else text(("nothing to do", "dim")), d.reason)
     out.print(t)
     for r in plan.risks:
-        out.print(f"[yellow]risk:[/] {r}")
+        out.print(text(("risk:", "yellow"), f" {r}"))
     if plan.blocked:
-        out.print(f"[red]blocked:[/] {plan.blocked}")
+        out.print(text(("blocked:", "red"), f" {plan.blocked}"))
 
 
 def steps_table(applied: Applied, out: Console | None = None) -> None:

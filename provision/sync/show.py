@@ -8,7 +8,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -18,9 +17,8 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
-from ..ui.console import console, err_console
+from ..ui.console import console, err_console, table, text
 from .plan import human
 
 SHOWN = 40  # files listed by a dry run before "... and N more"
@@ -31,7 +29,7 @@ def transfer_bar(label: str, out: Console = err_console
                  ) -> Iterator[Callable[[int, int], None]]:
     """A progress bar with bytes, rate and time left, shown from the first bytes on; yields
     the (done, total) callback."""
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
                TransferSpeedColumn(), TimeRemainingColumn())
     bar = Progress(*columns, console=out, transient=out.is_terminal)
     task: list[TaskID] = []
@@ -39,7 +37,7 @@ def transfer_bar(label: str, out: Console = err_console
     def update(done: int, total: int) -> None:
         if not task:
             bar.start()
-            task.append(bar.add_task(escape(label), total=total))
+            task.append(bar.add_task(label, total=total))
         bar.update(task[0], completed=done, total=total)
     try:
         yield update
@@ -50,70 +48,68 @@ def transfer_bar(label: str, out: Console = err_console
 
 def sync_report(r: Mapping[str, Any], out: Console = console) -> None:
     arrow = "->" if r["direction"] == "up" else "<-"
-    head = f"sync {r['direction']}: {r['host']}: {escape(r['source'])} {arrow} {escape(r['dest'])}"
+    head = f"sync {r['direction']}: {r['host']}: {r['source']} {arrow} {r['dest']}"
     if r["dry_run"]:
-        out.print(f"{head} (dry run: nothing was moved)")
-        out.print(f"would send {r['files']} file(s), {human(r['bytes'])} by {r['transport']} "
-                  f"({escape(r['transport_why'])}); {r['same']} already the same")
+        out.print(text(f"{head} (dry run: nothing was moved)"))
+        out.print(text(f"would send {r['files']} file(s), {human(r['bytes'])} by {r['transport']} "
+                  f"({r['transport_why']}); {r['same']} already the same"))
         for name in r["planned"][:SHOWN]:
-            out.print(f"  send {escape(name)}")
+            out.print(text(f"  send {name}"))
         if len(r["planned"]) > SHOWN:
-            out.print(f"  ... and {len(r['planned']) - SHOWN} more")
+            out.print(text(f"  ... and {len(r['planned']) - SHOWN} more"))
         for name in r["deletions"][:SHOWN]:
-            out.print(f"  delete {escape(name)}")
+            out.print(text(f"  delete {name}"))
         if len(r["deletions"]) > SHOWN:
-            out.print(f"  ... and {len(r['deletions']) - SHOWN} more to delete")
+            out.print(text(f"  ... and {len(r['deletions']) - SHOWN} more to delete"))
         return
-    out.print(head)
+    out.print(text(head))
     rate = f", {r['mbs']} MB/s" if r.get("mbs") else ""
     resumed = f"; {human(r['resumed_bytes'])} were already there from a cut run" \
         if r["resumed_bytes"] else ""
-    out.print(f"sent {r['files']} file(s), {human(r['sent_bytes'])} in {r['seconds']:.1f}s"
+    out.print(text(f"sent {r['files']} file(s), {human(r['sent_bytes'])} in {r['seconds']:.1f}s"
               f"{rate} by {r['transport']}{resumed}; {r['same']} already the same"
-              + (f"; deleted {r['deleted']}" if r["deleted"] else ""))
+              + (f"; deleted {r['deleted']}" if r["deleted"] else "")))
     if r["files"]:
-        out.print(f"checked: {r['verified']}")
+        out.print(text(f"checked: {r['verified']}"))
 
 
 def watch_report(r: Mapping[str, Any], out: Console = console) -> None:
-    out.print(f"sync down --watch: {r['host']}: {escape(r['source'])} ({escape(r['pattern'])}) -> "
-              f"{escape(r['dest'])}: pulled {len(r['pulled'])} file(s); {escape(r['ended'])}")
+    out.print(text(f"sync down --watch: {r['host']}: {r['source']} ({r['pattern']}) -> "
+              f"{r['dest']}: pulled {len(r['pulled'])} file(s); {r['ended']}"))
 
 
 def autostop_status(s: Mapping[str, Any], out: Console = console) -> None:
     host = s["host"]
     if not s.get("set"):
-        out.print(f"autostop: {host}: not set" + (f" ({escape(s['note'])})" if s.get("note") else ""))
+        out.print(text(f"autostop: {host}: not set" + (f" ({s['note']})" if s.get("note") else "")))
         return
     c = s["config"]
-    t = Table(title=f"autostop: {host}", show_header=False, title_justify="left")
-    t.add_column("", style="bold")
-    t.add_column("")
-    t.add_row("state", escape(s["state_text"]))
+    t = table(f"autostop: {host}", "", "", show_header=False)
+    t.add_row("state", s["state_text"])
     t.add_row("when", f"GPUs idle (<= {c['util_max']}% busy, <= {c['mem_max_mib']} MiB used) and no "
                       f"job of ours running for {c['idle_text']}"
-                      + (f", after job {escape(c['after_job'])} ended" if c.get("after_job") else "")
+                      + (f", after job {c['after_job']} ended" if c.get("after_job") else "")
                       + f"; sampled every {c['interval']}s")
-    t.add_row("action", f"{c['action']}: {escape(c['action_text'])}")
-    t.add_row("keeps", escape(c.get("keeps") or "-"))
-    t.add_row("still billed", escape(c.get("bills") or "-"))
+    t.add_row("action", f"{c['action']}: {c['action_text']}")
+    t.add_row("keeps", c.get("keeps") or "-")
+    t.add_row("still billed", c.get("bills") or "-")
     if c.get("save"):
-        t.add_row("saves first", f"{escape(c['save'])} -> {escape(c.get('save_to') or '-')}")
-    t.add_row("runs as", escape(s.get("supervisor") or "-"))
-    t.add_row("after a reboot", escape(s.get("reboot_text") or "-"))
+        t.add_row("saves first", f"{c['save']} -> {c.get('save_to') or '-'}")
+    t.add_row("runs as", s.get("supervisor") or "-")
+    t.add_row("after a reboot", s.get("reboot_text") or "-")
     out.print(t)
     for line in s.get("log_tail") or []:
-        out.print(f"[dim]{escape(line)}[/]")
+        out.print(text((line, "dim")))
 
 
 def cost_table(rows: Sequence[Mapping[str, Any]], out: Console = console) -> None:
-    t = Table(title="cost: what each host has cost so far", title_justify="left")
+    t = table("cost: what each host has cost so far")
     for col in ("host", "price/h", "since", "hours", "so far", "idle", "autostop"):
         t.add_column(col, justify="right" if col in ("price/h", "hours", "so far") else "left")
     for r in rows:
-        t.add_row(escape(r["host"]), r["price_text"], r["since_text"], f"{r['hours']:.2f}",
-                  r["cost_text"], escape(r["idle_text"]), escape(r["autostop_text"]))
+        t.add_row(r["host"], r["price_text"], r["since_text"], f"{r['hours']:.2f}",
+                  r["cost_text"], r["idle_text"], r["autostop_text"])
     out.print(t)
     for r in rows:
         for w in r.get("warnings") or []:
-            out.print(f"[yellow]warning:[/] {escape(w)}")
+            out.print(text(("warning:", "yellow"), f" {w}"))

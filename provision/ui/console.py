@@ -17,9 +17,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..units import size
+
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
     from rich.table import Table
+    from rich.text import Text
 
     from ..doctor.match import Finding
     from ..facts.host import HostFacts
@@ -44,8 +47,10 @@ def _make(name: str) -> Console:
     from rich.console import Console
     stream = sys.stdout if name == "console" else sys.stderr
     piped = not stream.isatty() and not os.environ.get("COLUMNS")
-    made = Console(stderr=name != "console", highlight=False, soft_wrap=True,
-                   width=PIPE_WIDTH if piped else None)
+    # markup and emoji off: a string printed here is shown as it is, never read as our markup
+    # (a rented host's GPU name or log line must not make links or hide text); styling is Text
+    made = Console(stderr=name != "console", highlight=False, soft_wrap=True, markup=False,
+                   emoji=False, width=PIPE_WIDTH if piped else None)
     kept: Console = _CONSOLES.setdefault(name, made)
     return kept
 
@@ -76,21 +81,29 @@ def print_json(data: Any) -> None:
         sys.stdout.flush()
 
 
+def text(*parts: str | tuple[str, str]) -> Text:
+    """The one way text reaches the console: host strings and our styling side by side, never
+    parsed as markup. ``text(("risk:", "yellow"), " ", reason)``."""
+    from rich.text import Text
+    return Text.assemble(*parts)
+
+
 def table(title: str, *columns: str, show_header: bool = True, **kw: Any) -> Table:
     """A table whose cells wrap rather than being cut; ``columns`` ending in ``>`` are
-    right-aligned, the first is bold."""
+    right-aligned, the first is bold. Its title and every string cell are plain text."""
     from rich.table import Table
-    t = Table(title=title, title_justify="left", show_header=show_header, **kw)
+    from rich.text import Text
+
+    class Plain(Table):
+        def add_row(self, *cells: Any, **row: Any) -> None:
+            super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **row)
+
+    t = Plain(title=Text(title), title_justify="left", show_header=show_header, **kw)
     for i, col in enumerate(columns):
         right = col.endswith(">")
         t.add_column(col.rstrip(">"), justify="right" if right else "left", overflow="fold",
                      style="bold" if i == 0 else None)
     return t
-
-
-def escape(text: str) -> str:
-    from rich.markup import escape as rich_escape
-    return rich_escape(text)
 
 
 def facts_table(host: str, f: HostFacts, out: Console | None = None) -> None:
@@ -131,25 +144,25 @@ def facts_table(host: str, f: HostFacts, out: Console | None = None) -> None:
         t.add_row(k, v)
     out.print(t)
     for w in f.warnings:
-        out.print(f"[yellow]warning:[/] {w}")
+        out.print(text(("warning:", "yellow"), f" {w}"))
 
 
 def choice_text(choice: TorchChoice, out: Console | None = None) -> None:
     out = out or __getattr__("console")
     tv = f" torchvision {choice.torchvision}" if choice.torchvision else ""
     ta = f" torchaudio {choice.torchaudio}" if choice.torchaudio else " (no torchaudio)"
-    out.print(f"[bold]{choice.label}[/]{tv}{ta}")
-    out.print(f"index: {choice.index_url}")
+    out.print(text((choice.label, "bold"), f"{tv}{ta}"))
+    out.print(text(f"index: {choice.index_url}"))
     for r in choice.reasons:
-        out.print(f"  - {r}")
+        out.print(text(f"  - {r}"))
     for r in choice.risks:
-        out.print(f"  [yellow]risk:[/] {r}")
+        out.print(text("  ", ("risk:", "yellow"), f" {r}"))
     pkgs = [f"torch=={choice.torch}"]
     if choice.torchvision:
         pkgs.append(f"torchvision=={choice.torchvision}")
     if choice.torchaudio:
         pkgs.append(f"torchaudio=={choice.torchaudio}")
-    out.print(f"pip install {' '.join(pkgs)} --index-url {choice.index_url}")
+    out.print(text(f"pip install {' '.join(pkgs)} --index-url {choice.index_url}"))
 
 
 def verdict_table(host: str, report: Mapping[str, Any], path: Any,
@@ -161,23 +174,23 @@ def verdict_table(host: str, report: Mapping[str, Any], path: Any,
     for c in report["checks"]:
         t.add_row(c["name"], c["status"].upper(), c["reason"])
     out.print(t)
-    out.print(f"verdict: [bold {colour}]{report['verdict']}[/] (report: {path})")
+    out.print(text("verdict: ", (str(report["verdict"]), f"bold {colour}"), f" (report: {path})"))
 
 
 def findings_table(host: str, findings: Sequence[Finding], out: Console | None = None) -> None:
     """Blocks, not a table: fixes hold commands the user copies whole."""
     out = out or __getattr__("console")
     if not findings:
-        out.print(f"doctor: {host}: no known problem found")
+        out.print(text(f"doctor: {host}: no known problem found"))
         return
     colour = {"error": "red", "warning": "yellow", "info": "cyan"}
     counts = ", ".join(f"{sum(f.level == lv for f in findings)} {lv}" for lv in colour
                        if any(f.level == lv for f in findings))
-    out.print(f"doctor: {host}: {counts}")
+    out.print(text(f"doctor: {host}: {counts}"))
     for f in findings:
-        out.print(f"\n[bold {colour[f.level]}]{f.level}[/] {escape(f.diagnosis)}")
-        out.print(f"  [bold]fix:[/] {escape(f.fix)}")
-        out.print(f"  [dim]seen in {escape(f.evidence)}[/]")
+        out.print(text("\n", (f.level, f"bold {colour[f.level]}"), f" {f.diagnosis}"))
+        out.print(text("  ", ("fix:", "bold"), f" {f.fix}"))
+        out.print(text((f"  seen in {f.evidence}", "dim")))
 
 
 def bench_table(host: str, r: dict[str, Any], path: Any, out: Console | None = None) -> None:
@@ -199,14 +212,14 @@ def bench_table(host: str, r: dict[str, Any], path: Any, out: Console | None = N
     link = r.get("link") or {}
     t.add_row("link (this machine)", f"up {number(link.get('up_mbs'), ' MB/s')}, down "
                                      f"{number(link.get('down_mbs'), ' MB/s')}"
-              + (f" ({escape(link['error'])})" if link.get("error") else ""))
+              + (f" ({link['error']})" if link.get("error") else ""))
     for d in r.get("downloads") or []:
-        t.add_row(f"download {d['kind']}", escape(number(d.get("mbs"), " MB/s") + f" {d['url']}"
-                                                  + (f" ({d['error']})" if d.get("error") else "")))
+        t.add_row(f"download {d['kind']}", number(d.get("mbs"), " MB/s") + f" {d['url']}"
+                  + (f" ({d['error']})" if d.get("error") else ""))
     out.print(t)
     for n in r.get("notes") or []:
-        out.print(f"note: {escape(n)}")
-    out.print(f"report: {path}")
+        out.print(text(f"note: {n}"))
+    out.print(text(f"report: {path}"))
 
 
 def compare_table(rows: Sequence[Any], notes: Sequence[str], out: Console | None = None) -> None:
@@ -216,14 +229,14 @@ def compare_table(rows: Sequence[Any], notes: Sequence[str], out: Console | None
               "TFLOPS>", "samples/s>", "per 1M samples>", "per TFLOP-hour>", "download MB/s>",
               "link up/down MB/s>", "100 GB up>")
     for r in rows:
-        t.add_row(escape(r.host), r.platform or "-", escape(r.gpu), money(r.price, r.currency, 2),
+        t.add_row(r.host, r.platform or "-", r.gpu, money(r.price, r.currency, 2),
                   significant(r.tflops) + (f" {r.tflops_dtype}" if r.tflops_dtype else ""),
                   number(r.samples_s), significant(r.cost_per_m_samples, r.currency),
                   significant(r.cost_per_tflop_hour, r.currency), number(r.download_mbs),
                   f"{number(r.link_up_mbs)} / {number(r.link_down_mbs)}", upload_text(r))
     out.print(t)
     for n in notes:
-        out.print(f"note: {escape(n)}")
+        out.print(text(f"note: {n}"))
 
 
 # -- jobs: run, logs, jobs, kill, watch ---------------------------------------------------------
@@ -236,16 +249,6 @@ def duration(seconds: float | None) -> str:
         f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
-def size(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def job_started(started: Sequence[Launched], specs: Sequence[JobSpec], follow: str,
                 out: Console | None = None) -> None:
     out = out or __getattr__("console")
@@ -253,11 +256,11 @@ def job_started(started: Sequence[Launched], specs: Sequence[JobSpec], follow: s
         gpus = f"GPUs {x.gpus}" if x.gpus else "no GPU"
         how = f"tmux session {x.session}" if x.launcher == "tmux" else "setsid"
         rank = f" rank {spec.rank}/{spec.nnodes}" if spec.nnodes > 1 else ""
-        out.print(f"{escape(x.host)}: started job [bold]{escape(x.id)}[/]{rank} (pid {x.wrapper}, "
-                  f"{gpus}, {how}) in {escape(x.workdir)}")
-        out.print(f"  $ {escape(' '.join(quote_arg(a) for a in spec.argv))}", highlight=False)
-        out.print(f"  log {escape(x.log)}")
-    out.print(f"follow it: {escape(follow)}")
+        out.print(text(f"{x.host}: started job ", (x.id, "bold"), f"{rank} (pid {x.wrapper}, "
+                       f"{gpus}, {how}) in {x.workdir}"))
+        out.print(text(f"  $ {' '.join(quote_arg(a) for a in spec.argv)}"), highlight=False)
+        out.print(text(f"  log {x.log}"))
+    out.print(text(f"follow it: {follow}"))
 
 
 def quote_arg(arg: str) -> str:
@@ -279,7 +282,7 @@ def jobs_table(listed: Sequence[HostJobs], notes: Sequence[str] = (),
     from rich.text import Text
 
     many = len(listed) > 1
-    t = Table(title="jobs" + ("" if many else f": {listed[0].host}" if listed else ""),
+    t = Table(title=Text("jobs" + ("" if many else f": {listed[0].host}" if listed else "")),
               title_justify="left")
     rows: list[list[str]] = []
     styles: list[str] = []
@@ -309,23 +312,24 @@ def jobs_table(listed: Sequence[HostJobs], notes: Sequence[str] = (),
         cells[len(cols) - 7] = Text(r[len(cols) - 7], style=style)  # the state
         t.add_row(*cells)
     if not rows:
-        out.print("no jobs" + ("" if many else f" on {listed[0].host}" if listed else ""))
+        out.print(text("no jobs" + ("" if many else f" on {listed[0].host}" if listed else "")))
     else:
         out.print(t)
     for n in notes:
-        out.print(f"[yellow]note:[/] {escape(n)}")
+        out.print(text(("note:", "yellow"), f" {n}"))
 
 
 def kill_report(report: Mapping[str, Any], out: Console | None = None) -> None:
     out = out or __getattr__("console")
-    host, job = escape(str(report["host"])), escape(str(report["id"]))
+    host, job = str(report["host"]), str(report["id"])
     if not report.get("was_running"):
-        out.print(f"{host}: job {job} was not running")
+        out.print(text(f"{host}: job {job} was not running"))
         return
     parts = [f"{s['signal']}: {'ended' if s['ended'] else 'still running'} after {s['after']}s"
              for s in report.get("steps") or []]
     rc = (report.get("exit") or {}).get("rc")
-    out.print(f"{host}: job {job}: {'; '.join(parts)}" + (f" (exit code {rc})" if rc is not None else ""))
+    out.print(text(f"{host}: job {job}: {'; '.join(parts)}"
+                   + (f" (exit code {rc})" if rc is not None else "")))
 
 
 def _of(value: float | None, limit: float | None, unit: str, fmt: str = ".0f") -> str:
@@ -341,7 +345,8 @@ def watch_view(monitor: Monitor, hosts: Sequence[str], notes: Sequence[str] = ()
     from rich.table import Table
     from rich.text import Text
 
-    g = Table(title=f"watch: {', '.join(hosts)} ({time.strftime('%H:%M:%S')})", title_justify="left")
+    g = Table(title=Text(f"watch: {', '.join(hosts)} ({time.strftime('%H:%M:%S')})"),
+              title_justify="left")
     for col in ("host", "GPU", "util", "memory", "temp", "power", "SM clock", "clocks held by"):
         g.add_column(col, justify="right" if col not in ("host", "clocks held by") else "left")
     j = Table(show_header=True, title=None)
@@ -356,7 +361,7 @@ def watch_view(monitor: Monitor, hosts: Sequence[str], notes: Sequence[str] = ()
                               style="red" if host in monitor.errors else "dim"))
             continue
         for x in s.gpus:
-            g.add_row(host, str(x.index), _of(x.utilization_pct, None, "%"),
+            g.add_row(Text(host), str(x.index), _of(x.utilization_pct, None, "%"),
                       _of(x.memory_used_mib and x.memory_used_mib / 1024,
                           x.memory_total_mib and x.memory_total_mib / 1024, " GiB", ".1f"),
                       _of(x.temperature_c, None, " C"), _of(x.power_w, x.power_limit_w, " W"),
@@ -365,7 +370,7 @@ def watch_view(monitor: Monitor, hosts: Sequence[str], notes: Sequence[str] = ()
                            style="yellow" if x.throttled else "default"))
         for job in s.jobs:
             rate = monitor.log_rate.get((host, job.id))
-            j.add_row(host, Text(job.id), Text(job.label, style="green" if job.running else
+            j.add_row(Text(host), Text(job.id), Text(job.label, style="green" if job.running else
                                                "red" if job.failed else "default"),
                       duration(job.duration(s.t)), ",".join(map(str, job.gpus)) or "-",
                       f"{job.gpu_memory_mib} MiB" if job.gpu_memory_mib is not None else "-",
