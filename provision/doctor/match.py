@@ -24,7 +24,8 @@ from ..config.shipped import Traversable
 from ..errors import ConfigError, ProvisionError, RemoteError
 from ..facts.fabric import fabric_ready, fabric_summary
 from ..facts.host import HostFacts
-from ..wheels.rule import TorchChoice, cc_text, dotted, first_build_with, load_compat, parse_compute_cap
+from ..wheels.data import cc_text, dotted, load_compat, parse_compute_cap
+from ..wheels.rule import TorchChoice, first_build_with
 
 
 class EnvLayout(Protocol):

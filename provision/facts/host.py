@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from ..wheels.rule import dotted, load_compat, parse_compute_cap
+from ..wheels.data import dotted, load_compat, parse_compute_cap
 from .cuda import parse_nvcc
 from .fabric import (
     FabricManager,

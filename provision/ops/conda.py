@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..config.inventory import Settings
 from ..facts.host import HostFacts
 from ..remote.templating import render
-from ..wheels.rule import dotted, load_compat
+from ..wheels.data import dotted, load_compat
 from .layout import Layout
 from .step import Step, inputs_hash, nothing
 

@@ -27,7 +27,8 @@ from ..facts.host import CondaEnv, HostFacts, cc_from_name
 from ..remote.contract import CONTRACT, shown
 from ..remote.templating import render
 from ..wheels import simpleindex
-from ..wheels.rule import BuildCheck, TorchChoice, check_installed, installed_choice, torch_spec
+from ..wheels.installed import BuildCheck, check_installed, installed_choice
+from ..wheels.rule import TorchChoice, torch_spec
 from .conda import configured_pypi, listed
 from .installer import choose_installer
 from .layout import INTERRUPTED, Layout, find_env

@@ -19,6 +19,7 @@ from ..config.shipped import data_file, templates_dir
 from ..facts.host import HostFacts
 from ..remote.templating import render
 from ..wheels.rule import TorchChoice
+from ..wheels.simpleindex import variant_index
 from .conda import configured_pypi
 from .layout import Layout, expand_home
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
@@ -111,7 +112,7 @@ def bench_step(facts: HostFacts, lay: Layout, settings: Settings,
     mirrors = [{"kind": "miniconda", "url": f"{b.rstrip('/')}/Miniconda3-latest-Linux-{arch}.sh"}
                for b in m.miniconda]
     mirrors += [{"kind": "pypi", "url": f"{b.rstrip('/')}/torch/"} for b in m.pypi]
-    mirrors += [{"kind": "pytorch", "url": f"{b.rstrip('/')}/{variant}/torch/"} for b in m.pytorch]
+    mirrors += [{"kind": "pytorch", "url": variant_index(b, variant, "torch")} for b in m.pytorch]
     config = {"data_dir": data_dir(facts, settings), "mirrors": mirrors, "download_mb": download_mb}
     body = render("gpu/bench.sh.j2", python_bin=lay.python_bin,
                   validate_script=(templates_dir() / "gpu/validate_gpu.py").read_text(),

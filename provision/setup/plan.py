@@ -21,7 +21,8 @@ from ..ops.layout import Layout, find_env, layout, ours
 from ..ops.secrets import secrets_step
 from ..ops.step import Step, nothing
 from ..ops.torch import judge_env_torch, packages_step, torch_step
-from ..wheels.rule import TorchChoice, parse_compute_cap, torch_candidates
+from ..wheels.data import parse_compute_cap
+from ..wheels.rule import TorchChoice, torch_candidates
 
 # Branches installed when the driver is missing or too old (compat.md §1.5).
 KEPLER_BRANCH = 470  # last branch with Kepler

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ProvisionError
+from ..units import size
 
 
 @dataclass(frozen=True)
@@ -252,11 +253,7 @@ def landing(dest: str, name: str) -> str:
 
 
 def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+    return size(n)
 
 
 def names(entries: Iterable[Entry]) -> list[str]:

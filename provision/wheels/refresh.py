@@ -19,8 +19,8 @@ from typing import Any
 from packaging.version import Version
 
 from ..errors import ProvisionError
-from .rule import CompatData, dotted
-from .simpleindex import ACCEPT, file_names, py_tag_text, served
+from .data import CompatData, dotted
+from .simpleindex import ACCEPT, file_names, py_tag_text, served, variant_index
 
 
 def list_files(url: str, timeout: float = 30) -> list[str]:
@@ -58,7 +58,7 @@ def scan_index(base: str, variants: list[str]) -> dict[tuple[str, str], set[str]
     """(release, variant) -> python versions ("3.11") with a Linux x86_64 wheel."""
     found: dict[tuple[str, str], set[str]] = defaultdict(set)
     for variant in variants:
-        files = list_files(f"{base.rstrip('/')}/{variant}/torch/")
+        files = list_files(variant_index(base, variant, "torch"))
         for ver, tags in served(files, "torch", variant, "x86_64").items():
             found[(ver, variant)].update(py_tag_text(t) for t in tags if t.startswith("cp"))
     return found
@@ -120,7 +120,7 @@ def refresh(index: str | None) -> tuple[IndexDiff, dict[str, Any], list[str], st
     shipped data, the refreshed raw data, notes for the reviewer, the index read)."""
     import yaml
 
-    from .rule import compat_text, load_compat
+    from .data import compat_text, load_compat
 
     data = load_compat()
     base = index or data.default_index

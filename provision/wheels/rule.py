@@ -17,141 +17,22 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
 
-from ..config.yamlspec import fast_load
-from ..errors import ConfigError, NoWheelError, ProvisionError
+from ..errors import NoWheelError, ProvisionError
+from .data import CUDA_ARCHES, CompatData, Release, cc_text, dotted, load_compat, parse_compute_cap
+from .simpleindex import variant_index
 
 CudaCompat = Literal["strict", "minor"]
 POLICIES: tuple[str, ...] = ("strict", "minor")
-CUDA_ARCHES = ("x86_64",)  # the variant and arch tables describe Linux x86_64 wheels
-
 MINOR_RISK = (
     "cuda_compat=minor runs {variant} on driver {driver} through CUDA minor-version "
     "compatibility: PTX JIT from the newer toolkit fails (cudaErrorUnsupportedPtxVersion) and "
     "APIs that need a newer driver fail (cudaErrorCallRequiresNewerDriver); torch.compile/Triton "
     "and custom extensions may hit this. Driver >= {native} supports {cuda} natively."
 )
-
-
-def dotted(text: str) -> tuple[int, ...]:
-    """``"550.54.14"`` -> ``(550, 54, 14)``; versions of drivers and CUDA compare as int tuples."""
-    if not re.fullmatch(r"\d+(\.\d+)*", text.strip()):
-        raise ValueError(f"not a dotted version: {text!r}")
-    return tuple(int(p) for p in text.strip().split("."))
-
-
-def _driver_text(value: object) -> str:
-    text = str(value)
-    dotted(text)  # validate
-    return text
-
-
-def cc_text(cc: tuple[int, int]) -> str:
-    return f"sm_{cc[0]}{cc[1]}"
-
-
-def parse_compute_cap(text: str) -> tuple[int, int]:
-    """``"8.6"`` -> ``(8, 6)``; also accepts ``sm_86`` and ``86``."""
-    t = text.strip().lower().removeprefix("sm_")
-    m = re.fullmatch(r"(\d+)\.(\d)", t) or re.fullmatch(r"(\d+)(\d)", t)
-    if not m:
-        raise ValueError(f"not a compute capability: {text!r} (expected like 8.6 or sm_86)")
-    return int(m.group(1)), int(m.group(2))
-
-
-@dataclass(frozen=True)
-class Release:
-    version: Version
-    torchvision: str | None
-    torchaudio: str | None
-    python: tuple[tuple[int, ...], tuple[int, ...]]
-    glibc: tuple[int, ...]
-    glibc_by_variant: dict[str, tuple[int, ...]]
-    variants: dict[str, tuple[tuple[int, int], ...]]  # variant -> SASS compute capabilities
-
-    def glibc_for(self, variant: str) -> tuple[int, ...]:
-        return self.glibc_by_variant.get(variant, self.glibc)
-
-
-@dataclass(frozen=True)
-class CompatData:
-    cuda_min_driver: dict[tuple[int, ...], str]  # driver text keeps NVIDIA's spelling (560.28.03)
-    mvc_floor: dict[str, str]
-    variant_cuda: dict[str, tuple[int, ...]]
-    releases: tuple[Release, ...]  # newest first
-    default_index: str
-    miniconda_min_glibc: tuple[int, ...]  # what "latest" installers need
-    miniconda_old_glibc: str  # the installer version used below that
-
-    def max_cuda_for_driver(self, driver: tuple[int, ...]) -> tuple[int, ...] | None:
-        """Rule 1's fallback: the highest CUDA whose Table 3 minimum driver is <= ``driver``."""
-        ok = [cuda for cuda, floor in self.cuda_min_driver.items() if dotted(floor) <= driver]
-        return max(ok) if ok else None
-
-    def native_driver(self, variant: str) -> str:
-        return self.cuda_min_driver[self.variant_cuda[variant]]
-
-    def minor_floor(self, variant: str) -> str:
-        """The lowest driver that runs ``variant`` under minor-version compatibility."""
-        cuda = self.variant_cuda[variant]
-        exact = self.mvc_floor.get(".".join(map(str, cuda)))
-        family = self.mvc_floor.get(str(cuda[0]))
-        if exact is not None:
-            return exact
-        if family is not None and cuda[0] >= 11:
-            return family
-        return self.native_driver(variant)  # no MVC before CUDA 11
-
-
-def _load(text: str, path: str) -> CompatData:
-    raw: Any = fast_load(text)  # libyaml where there is one: start-up
-    try:
-        arch_lists = {k: tuple(parse_compute_cap(c) for c in v) for k, v in raw["arch_lists"].items()}
-        releases = []
-        for ver, r in raw["releases"].items():
-            releases.append(Release(
-                version=Version(ver),
-                torchvision=r.get("torchvision"),
-                torchaudio=r.get("torchaudio"),
-                python=(dotted(r["python"][0]), dotted(r["python"][1])),
-                glibc=dotted(r["glibc"]),
-                glibc_by_variant={k: dotted(v) for k, v in (r.get("glibc_by_variant") or {}).items()},
-                variants={v: arch_lists[a] for v, a in r["variants"].items()},
-            ))
-        data = CompatData(
-            cuda_min_driver={dotted(k): _driver_text(v) for k, v in raw["cuda_min_driver"].items()},
-            mvc_floor={str(k): _driver_text(v) for k, v in raw["mvc_floor"].items()},
-            variant_cuda={k: dotted(v) for k, v in raw["variants"].items()},
-            releases=tuple(sorted(releases, key=lambda r: r.version, reverse=True)),
-            default_index=str(raw["default_index"]).rstrip("/"),
-            miniconda_min_glibc=dotted(raw["miniconda"]["latest_min_glibc"]),
-            miniconda_old_glibc=str(raw["miniconda"]["old_glibc_version"]),
-        )
-    except (KeyError, TypeError, ValueError, InvalidVersion) as exc:
-        raise ConfigError(path, f"compatibility data is malformed: {exc!r}") from exc
-    for rel in data.releases:
-        for variant in rel.variants:
-            if variant not in data.variant_cuda:
-                raise ConfigError(path, f"unknown variant {variant!r}", key=f"releases.{rel.version}")
-    return data
-
-
-def compat_text() -> tuple[str, str]:
-    """(text, path) of the shipped tables."""
-    ref = resources.files("provision.tables").joinpath("compat.yaml")
-    return ref.read_text(encoding="utf-8"), str(ref)
-
-
-@cache
-def load_compat() -> CompatData:
-    """The shipped tables (read once per process)."""
-    return _load(*compat_text())
 
 
 @dataclass(frozen=True)
@@ -324,9 +205,8 @@ def torch_candidates(
     reasons.append("GPUs: " + ", ".join(cc_text(c) for c in caps))
 
     def driver_allows(variant: str, policy: str) -> bool:
-        if max_cuda is not None and d.variant_cuda[variant][:2] <= max_cuda:
-            return True
-        return policy == "minor" and drv >= dotted(d.minor_floor(variant))
+        assert drv is not None
+        return d.driver_allows(d.variant_cuda[variant], drv, max_cuda, policy)
 
     out: list[TorchChoice] = []
     for rel in releases:
@@ -355,7 +235,7 @@ def _choice(rel: Release, variant: str, base: str, reasons: list[str],
             risks: tuple[str, ...] = ()) -> TorchChoice:
     return TorchChoice(
         torch=str(rel.version), torchvision=rel.torchvision, torchaudio=rel.torchaudio,
-        cuda=variant, index_url=f"{base}/{variant}/", reasons=tuple(reasons), risks=risks,
+        cuda=variant, index_url=variant_index(base, variant), reasons=tuple(reasons), risks=risks,
     )
 
 
@@ -437,122 +317,3 @@ def _nearest_fixes(d: CompatData, releases: list[Release], caps: list[tuple[int,
                          f"is needed: glibc {_ver(libc)} is too old for every matching wheel")
     return f"no torch wheel fits driver {driver} with {gpus} and python {python}: " + "; ".join(fixes)
 
-
-def build_variant(version: str, torch_cuda: str | None) -> str:
-    """The variant an installed torch was built as: ``2.1.0+cu121`` -> ``cu121``; a PyPI-named
-    CUDA build (``2.5.1`` reporting CUDA 12.4) or a conda one -> ``cu124``; no CUDA -> ``cpu``."""
-    m = re.match(r"(cu\d+|cpu)\b", version.partition("+")[2])
-    if m:
-        return m.group(1)
-    if torch_cuda:
-        return "cu" + "".join(torch_cuda.split(".")[:2])
-    return "cpu"
-
-
-def installed_choice(version: str, torch_cuda: str | None, index: str | None = None,
-                     reason: str = "") -> TorchChoice:
-    """An installed torch as a TorchChoice (what validation and verify then expect)."""
-    variant = build_variant(version, torch_cuda)
-    base = (index or load_compat().default_index).rstrip("/")
-    return TorchChoice(torch=version.partition("+")[0], torchvision=None, torchaudio=None,
-                       cuda=variant, index_url=f"{base}/{variant}/",
-                       reasons=(reason,) if reason else ())
-
-
-def short_gpu_name(name: str) -> str:
-    """``NVIDIA GeForce RTX 5090`` -> ``RTX 5090``, ``NVIDIA H100 80GB HBM3`` -> ``H100 80GB HBM3``."""
-    return re.sub(r"^(?:NVIDIA\s+)?(?:GeForce\s+)?", "", name.strip()) or name
-
-
-@dataclass(frozen=True)
-class BuildCheck:
-    """The wheel rule applied to a torch that is already installed."""
-
-    ok: bool
-    reason: str  # why it fails, or what it was checked against
-
-
-def check_installed(version: str, torch_cuda: str | None, driver: str | None,
-                    driver_cuda: str | None, gpus: Sequence[tuple[str, str]],
-                    cuda_compat: str = "strict", data: CompatData | None = None) -> BuildCheck:
-    """Is an installed torch (``torch.__version__`` and ``torch.version.cuda``) one the rule
-    would accept here? On a GPU host it must be a CUDA build, its CUDA within the driver's, with
-    kernels for every GPU (``gpus``: (name, compute capability) per GPU) by the shipped arch
-    list of its release and variant. A release the data does not have is judged by the arch
-    list of the nearest release with that variant, and says so; a variant the data does not
-    have cannot be judged and fails. Without a GPU every build runs.
-
-    >>> check_installed("2.1.0+cu121", "12.1", "570.26", "12.8", [("NVIDIA GeForce RTX 5090", "12.0")]).reason
-    'torch 2.1.0+cu121 has no sm_120 kernels; RTX 5090 needs cu128 or later'
-    """
-    d = data or load_compat()
-    label = f"torch {version}" if "+" in version or torch_cuda is None else \
-        f"torch {version} (CUDA {torch_cuda})"
-    if not gpus:
-        return BuildCheck(True, "no NVIDIA GPU: any build runs")
-    names = _gpu_names([n for n, _ in gpus])
-    variant = build_variant(version, torch_cuda)
-    if variant == "cpu" or torch_cuda is None:
-        return BuildCheck(False, f"{label} is a CPU build; {names} need{'s' if len(gpus) == 1 else ''}"
-                                 " a CUDA build")
-    if driver is None:
-        return BuildCheck(True, "judged again once the driver answers")
-    try:
-        caps = sorted({parse_compute_cap(cc) for _, cc in gpus if cc})  # "": model unknown
-        cuda = dotted(torch_cuda)[:2]
-        drv = dotted(driver)
-        max_cuda = dotted(driver_cuda)[:2] if driver_cuda else d.max_cuda_for_driver(drv)
-    except ValueError as exc:
-        return BuildCheck(False, f"{label} cannot be checked: {exc}")
-    if max_cuda is None or cuda > max_cuda[:2]:
-        family = str(cuda[0]) if cuda[0] >= 11 else None
-        floor = d.mvc_floor.get(".".join(map(str, cuda))) or (d.mvc_floor.get(family)
-                                                                if family else None)
-        if not (cuda_compat == "minor" and floor is not None and drv >= dotted(floor)):
-            have = _ver(max_cuda) if max_cuda else "(none)"
-            return BuildCheck(False, f"{label} needs CUDA {torch_cuda}; driver {driver} supports "
-                                     f"CUDA <= {have}")
-    try:
-        release = Version(version.partition("+")[0])
-    except InvalidVersion:
-        return BuildCheck(False, f"{label} cannot be checked: unreadable version")
-    arches, note = _arches_of(d, release, variant)
-    if arches is None:
-        span = f"{d.releases[-1].version} .. {d.releases[0].version}"
-        return BuildCheck(False, f"{label} is not in gpu-provision's compatibility data ({span}): "
-                                 f"its kernels for {', '.join(cc_text(c) for c in caps)} cannot be "
-                                 "checked")
-    for cc in caps:
-        if not _covers(arches, cc):
-            holders = [n for n, c in gpus if c and parse_compute_cap(c) == cc]
-            first = first_build_with(cc)
-            need = f"{first[1]} or later" if first else "a build no official wheel has"
-            return BuildCheck(False, f"{label} has no {cc_text(cc)} kernels{note}; "
-                                     f"{_gpu_names(holders)} need{'s' if len(holders) == 1 else ''} "
-                                     f"{need}")
-    return BuildCheck(True, f"CUDA {torch_cuda} within the driver's, kernels for "
-                            f"{', '.join(cc_text(c) for c in caps)}{note}")
-
-
-def _gpu_names(names: Sequence[str]) -> str:
-    """``2x RTX 3090``, ``RTX 3090, GTX 960``: each model once, with its count."""
-    counts: dict[str, int] = {}
-    for n in names:
-        counts[short_gpu_name(n)] = counts.get(short_gpu_name(n), 0) + 1
-    return ", ".join(f"{c}x {n}" if c > 1 else n for n, c in counts.items())
-
-
-def _arches_of(d: CompatData, release: Version, variant: str
-               ) -> tuple[tuple[tuple[int, int], ...] | None, str]:
-    """The arch list of (release, variant), else the nearest release's with that variant."""
-    for rel in d.releases:
-        if rel.version == release and variant in rel.variants:
-            return rel.variants[variant], ""
-    with_variant = [r for r in d.releases if variant in r.variants]
-    if not with_variant:
-        return None, ""
-    nearest = min(with_variant, key=lambda r: (abs(r.version.major - release.major) * 1000
-                                               + abs(r.version.minor - release.minor),
-                                               -r.version.micro))
-    return nearest.variants[variant], (f" (not in the data: judged by torch {nearest.version}+"
-                                       f"{variant}'s arch list)")

@@ -94,6 +94,12 @@ def version_key(ver: str) -> tuple[int, ...]:
     return tuple(int(p) for p in ver.split("."))
 
 
+def variant_index(base: str, variant: str, project: str = "") -> str:
+    """THE spelling of a PyTorch index URL: ``<base>/<variant>/`` (the pip/uv index of one CUDA
+    variant), or one project's page under it (``<base>/<variant>/torch/``)."""
+    return f"{base.rstrip('/')}/{variant}/" + (f"{project}/" if project else "")
+
+
 def cache_name(url: str) -> str:
     """The cache file of one variant index URL (``<base>/<variant>/``)."""
     return hashlib.sha256(url.encode()).hexdigest()[:16] + ".json"
@@ -104,7 +110,7 @@ def entry(base: str, variant: str, pages: dict[str, list[str] | None], arch: str
     """What one mirror serves on one variant index, as the cache keeps it. ``pages``: project
     -> the files its page listed, None when the page was absent (HTTP 404 and the like)."""
     base = base.rstrip("/")
-    return {"v": 1, "url": f"{base}/{variant}/", "base": base, "variant": variant, "arch": arch,
+    return {"v": 1, "url": variant_index(base, variant), "base": base, "variant": variant, "arch": arch,
             "at": int(now), "read": sorted(pages),
             "served": {p: served(files or [], p, variant, arch) for p, files in pages.items()}}
 

@@ -171,7 +171,7 @@ def prepare(upper: Path, lib: Path, state: dict[str, Any], spec: dict[str, Any],
     set_fabric(state, "Completed" if running else "In Progress", "Success" if running else "N/A")
     # the replayed tables name the loaded driver's CUDA: this driver is not a stand-in branch
     sys.path.insert(0, str(here.parent.parent.parent))
-    from provision.wheels.rule import dotted, load_compat
+    from provision.wheels.data import dotted, load_compat
     driver = state["driver"]["loaded"]
     cuda = load_compat().max_cuda_for_driver(dotted(driver)) if driver else None
     if driver and cuda:

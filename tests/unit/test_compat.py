@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from provision.errors import NoWheelError, ProvisionError
-from provision.wheels.rule import choose_torch, dotted, load_compat, torch_spec
+from provision.wheels.data import dotted, load_compat
+from provision.wheels.rule import choose_torch, torch_spec
 
 # driver, compute caps, python, torch spec, policy, glibc -> torch, variant
 FITS = [

@@ -9,7 +9,8 @@ from provision.config.inventory import Target, settings_for
 from provision.config.recipes import load_platform
 from provision.facts.host import HostFacts
 from provision.setup.plan import Plan, make_plan
-from provision.wheels.rule import check_installed, installed_choice, torch_candidates
+from provision.wheels.installed import check_installed, installed_choice
+from provision.wheels.rule import torch_candidates
 from tests.cases import captured
 
 RTX5090 = ("index, name, driver_version, memory.total [MiB], memory.used [MiB], compute_cap, "

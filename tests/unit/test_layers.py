@@ -22,7 +22,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("verify",),
     ("remote", "wheels"),
     ("config", "tables"),
-    ("errors", "store"),
+    ("errors", "store", "units"),
 )
 FLOOR = {name: i for i, floor in enumerate(FLOORS) for name in floor}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provision.wheels.rule import _load
+from provision.wheels.data import _load
 
 ROOT = Path(__file__).resolve().parents[2]
 
