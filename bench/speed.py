@@ -431,7 +431,6 @@ def report(results: dict[str, Any], runs: int) -> str:
 # --- The cold bootstrap: a fresh host to a validated env, pip against uv ----------------------
 
 COLD_TORCH = {"cpu-only": None, "h200": "2.14"}  # the torch spec each profile installs
-STEP_ROW = re.compile(r"[│|]\s*(\w+)\s*[│|]\s*(ok|skipped|failed)\s*[│|]\s*([\d.]+)\s*[│|]")
 
 
 def cold_work() -> Path:
@@ -449,14 +448,14 @@ def task(argv: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)
     from tests.sandbox import mirror
     since = mirror.log_offset()
     started = time.perf_counter()
-    r = subprocess.run([str(BIN / "gpu-provision"), *argv], capture_output=True, text=True,
-                       cwd=cold_work(), env=env, timeout=1800)
+    r = subprocess.run([str(BIN / "gpu-provision"), *argv, "--json"], capture_output=True,
+                       text=True, cwd=cold_work(), env=env, timeout=1800)
     wall = time.perf_counter() - started
     if r.returncode not in ok:
         raise SystemExit(f"gpu-provision {' '.join(argv)} exited {r.returncode}:\n"
                          f"{r.stdout[-2500:]}\n{r.stderr[-2500:]}")
-    steps = {m.group(1): float(m.group(3)) for m in STEP_ROW.finditer(r.stdout)
-             if m.group(2) == "ok"}
+    done = json.loads(r.stdout)
+    steps = {x["step"]: float(x["seconds"]) for x in done.get("steps", []) if x["result"] == "ok"}
     return wall, steps, mirror.bytes_served(since)[0]
 
 

@@ -108,7 +108,7 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
     with _session(c) as s:
         p = s.plan(o, push=True)
         for r in p.risks:
-            output.console.print(f"[yellow]risk:[/] {output.escape(r)}")
+            output.console.print(output.text(("risk:", "yellow"), f" {r}"))
         applied = s.apply(p, o)
     if json_:
         output.print_json(_applied_json(applied, risks=list(p.risks)))
@@ -179,8 +179,8 @@ def verify(c: Context, junit: str | None = None) -> None:
         code = run_suite(conn, target, path)
     finally:
         conn.close()
-    output.console.print(f"verify: {target.name}: {'all checks passed' if code == 0 else 'FAILED'}"
-                         f" (JUnit XML: {path})")
+    passed = "all checks passed" if code == 0 else "FAILED"
+    output.console.print(output.text(f"verify: {target.name}: {passed} (JUnit XML: {path})"))
     if code != 0:
         raise Exit(code=1)
 
@@ -239,7 +239,7 @@ def bench(c: Context, download_mb: int = 50, env_name: str | None = None,
     """
     from ..ops import validate as validate_ops
     from ..setup.engine import run_step
-    from ..sync.transfer import bench_link
+    from ..sync.link import bench_link
 
     if download_mb < 0:
         raise UsageError(f"--download-mb: {download_mb} is below 0")
@@ -292,45 +292,53 @@ def compare(c: Context, report: list[str] | None = None, html: str | None = None
     output.console.print(f"wrote {page} and {png}", markup=False)
 
 
-def _apply_only(c: Context, names: set[str], o: Overrides) -> None:
+STEP_JSON = "print the steps and their results as one JSON object"
+
+
+def _apply_only(c: Context, names: set[str], o: Overrides, json_: bool = False) -> None:
     with _session(c) as s:
         applied = s.apply(s.plan(o), o, only=names)
-    show.steps_table(applied)
+    if json_:
+        output.print_json(_applied_json(applied))
+    else:
+        show.steps_table(applied)
 
 
-@task(name="conda", help=_help("recipe", "platform"))
+@task(name="conda", help=_help("recipe", "platform", json=STEP_JSON))
 @reports_errors
-def conda_task(c: Context, recipe: str | None = None, platform: str | None = None) -> None:
+def conda_task(c: Context, recipe: str | None = None, platform: str | None = None,
+               json_: bool = False) -> None:
     """Install Miniconda from the mirror (sha256 checked) with .condarc and pip.conf, if missing."""
-    _apply_only(c, {"conda"}, _overrides(recipe=recipe, platform=platform))
+    _apply_only(c, {"conda"}, _overrides(recipe=recipe, platform=platform), json_)
 
 
-@task(name="env", help=_help("python", "env_name", "recipe", "platform"))
+@task(name="env", help=_help("python", "env_name", "recipe", "platform", json=STEP_JSON))
 @reports_errors
 def env_task(c: Context, python: str | None = None, env_name: str | None = None,
-             recipe: str | None = None, platform: str | None = None) -> None:
+             recipe: str | None = None, platform: str | None = None, json_: bool = False) -> None:
     """Create the conda env (or adopt the platform's), if missing."""
     _apply_only(c, {"env"}, _overrides(python=python, env_name=env_name, recipe=recipe,
-                                       platform=platform))
+                                       platform=platform), json_)
 
 
-@task(name="torch", help=_help("torch", "cuda_compat", "env_name", "recipe", "platform"))
+@task(name="torch", help=_help("torch", "cuda_compat", "env_name", "recipe", "platform",
+                              json=STEP_JSON))
 @reports_errors
 def torch_task(c: Context, torch: str | None = None, cuda_compat: str | None = None,
                env_name: str | None = None, recipe: str | None = None,
-               platform: str | None = None) -> None:
+               platform: str | None = None, json_: bool = False) -> None:
     """Install the chosen torch build (and the recipe's packages) into the env, if needed."""
     _apply_only(c, {"torch", "packages"}, _overrides(torch=torch, cuda_compat=cuda_compat,
                                                      env_name=env_name, recipe=recipe,
-                                                     platform=platform))
+                                                     platform=platform), json_)
 
 
 DRIVER_STEPS = ("driver", "driver-hold", "fabric-manager")
 
 
-@task(name="driver")
+@task(name="driver", help={"json": STEP_JSON})
 @reports_errors
-def driver_task(c: Context) -> None:
+def driver_task(c: Context, json_: bool = False) -> None:
     """Install the NVIDIA driver where missing or too old (hosts we may touch), then hold it;
     on NVSwitch boards, the fabric manager of exactly the driver's version, running.
 
@@ -342,15 +350,22 @@ def driver_task(c: Context) -> None:
     with _session(c) as s:
         p = s.plan()
         if not any(x.name in DRIVER_STEPS and x.changes for x in p.steps):
-            for d in p.decisions:
-                if d.step in DRIVER_STEPS:
-                    output.console.print(f"{s.target.name}: {d.step}: nothing to do - {d.reason}",
-                                         markup=False)
             if p.blocked:
                 raise ProvisionError(f"{s.target.name}: {p.blocked}")
+            idle = [d for d in p.decisions if d.step in DRIVER_STEPS]
+            if json_:
+                output.print_json({"host": s.target.name, "steps": [
+                    {"step": d.step, "result": "skipped", "changed": False, "seconds": 0,
+                     "reason": d.reason} for d in idle]})
+            for d in [] if json_ else idle:
+                output.console.print(f"{s.target.name}: {d.step}: nothing to do - {d.reason}",
+                                     markup=False)
             return
         applied = s.apply(p, only=set(DRIVER_STEPS))
-    show.steps_table(applied)
+    if json_:
+        output.print_json(_applied_json(applied))
+    else:
+        show.steps_table(applied)
 
 
 SMI_CAP = "nvidia-smi --query-gpu=compute_cap --format=csv,noheader"
@@ -412,7 +427,7 @@ def refresh_compat(c: Context, index: str | None = None, json_: bool = False,
         output.print_json({"added": diff.added, "removed": diff.removed,
                            "python_changed": diff.python_changed})
     elif diff.empty:
-        output.console.print("the wheel data matches the index")
+        output.console.print(output.text("the wheel data matches the index"))
     else:
         for line in diff.lines():
             output.console.print(line, markup=False)

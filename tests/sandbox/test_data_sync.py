@@ -19,7 +19,7 @@ import pytest
 from provision.config.inventory import resolve_target
 from provision.setup.session import open_executor
 from provision.store import Store
-from provision.sync.transfer import measure_link
+from provision.sync.link import measure_link
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
 from tests.sandbox.proxy import TcpProxy

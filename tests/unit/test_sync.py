@@ -28,7 +28,8 @@ from provision.sync.plan import (
     remote_abspath,
     walk_local,
 )
-from provision.sync.transfer import Report, listing_script, local_landing, parse_ready, watch_body
+from provision.sync.transfer import Report, listing_script, local_landing
+from provision.sync.watch import parse_ready, watch_body
 
 HOSTILE = ["a b.txt", "it's \"q\".txt", "$(touch pwned)", "-dash", "new\nline", "ü ✓", "x\\y"]
 
