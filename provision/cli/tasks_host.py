@@ -160,23 +160,24 @@ def verify(c: Context, junit: str | None = None) -> None:
     from ..remote.connection import connect, host_arg
     from ..remote.contract import CONTRACT
     from ..remote.executor import Executor
-    from ..store import Store
+    from ..store import Store, run_id
     from ..verify.run import run_suite
 
     target = target_of(c)
     path = Path(junit) if junit else Store().report_path(target.name, "verify", ext="xml")
     conn = connect(target, notify=_notify)
     try:
+        ex = Executor(conn, target.name, log_dir=Store().run_logs(target.name, run_id()))
         # what the suite checks against is written by bootstrap's validation: without it every
         # check would fail with the same complaint
-        seen = Executor(conn, target.name).run(
+        seen = ex.run(
             Command(("test", "-f", CONTRACT.expected)), step="verify", check=False)
         if seen.exit_code != 0:
             raise ProvisionError(f"{target.name}: this host was never bootstrapped by "
                                  f"gpu-provision (no ~/{CONTRACT.expected}), so there is "
                                  f"nothing to verify; run: gpu-provision -H {host_arg(target)} "
                                  "bootstrap")
-        code = run_suite(conn, target, path)
+        code = run_suite(ex, target, path)
     finally:
         conn.close()
     passed = "all checks passed" if code == 0 else "FAILED"

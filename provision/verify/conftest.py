@@ -23,6 +23,17 @@ def host(_testinfra_host: testinfra.host.Host, pytestconfig: pytest.Config) -> t
     client = getattr(pytestconfig, "gpu_provision_client", None)
     if client is not None:
         _testinfra_host.backend.__dict__["client"] = client
+    ex = getattr(pytestconfig, "gpu_provision_executor", None)
+    if ex is not None:  # every check's command through the executor: logged and masked
+        backend = _testinfra_host.backend
+
+        def run(command: str, *args: str, **kwargs: Any) -> Any:
+            from provision.remote.command import bash_script
+            cmd = backend.get_command(command, *args)
+            r = ex.run(bash_script(cmd), step="verify", check=False)
+            return backend.result(r.exit_code, backend.encode(cmd), r.stdout, r.stderr)
+
+        backend.run = run
     return _testinfra_host
 
 

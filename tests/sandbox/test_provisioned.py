@@ -61,6 +61,9 @@ def test_verify_validate_doctor_on_a_provisioned_host(hosts: Hosts, gp_home: Pat
             "test_mirrors_configured": "passed", "test_driver_packages_held": "skipped",
             "test_no_stale_lock": "passed"}
         assert len(info.sessions()) > sessions  # it really ran on the host, over our connection
+        # every command of the suite went through the executor: in the run's log, as a step's
+        logged = [q.read_text() for q in (tmp_path / "logs").glob(f"{info.id}/*/verify.log")]
+        assert any("cat ~/.gpu-provision/expected.json" in x for x in logged), logged
         assert "host key for" not in ok.stderr  # already pinned: the same known_hosts file
 
         v = gpu_provision("-H", info.inventory, "validate", home=gp_home, cwd=tmp_path)
