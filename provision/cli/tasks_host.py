@@ -198,7 +198,8 @@ def doctor(c: Context, log: list[str] | None = None, env_name: str | None = None
     last validation report and run logs here, and any --log file. Exit 1 when an error is found.
     Example: gpu-provision -H my-4090 doctor;  gpu-provision doctor --log traceback.txt
     """
-    from ..doctor.match import diagnose, read_logs, texts_for
+    from ..doctor.files import read_logs
+    from ..doctor.match import diagnose, texts_for
     from ..store import Store
 
     files = read_logs(log or [])
