@@ -118,7 +118,18 @@ def repo_not_found(values: Values, h: HostView, text: str) -> dict[str, str]:
     return {"repo_text": f"'{repo}'" if repo else "the id asked for"}
 
 
+def space(values: Values, h: HostView, text: str) -> dict[str, str]:
+    """The disk with the most free space here, for caches and checkpoints."""
+    big = h.biggest_disk()
+    path = values.get("path")
+    return {"space_text": f" (the disk with most room here is {big})" if big else "",
+            "big_dir": big or "/path/with/space",
+            "path_text": f" ({path})" if path else ""}
+
+
 RUN_SPECIFICS = {
+    "hf-cache-no-space": space,
+    "checkpoint-write-failed": space,
     "gpu-busy-or-exclusive": holders,
     "cudnn-internal-error": holders,
     "container-cuda-too-new": container_cuda,
