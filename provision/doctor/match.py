@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -339,3 +339,15 @@ def texts_for(facts: HostFacts | None, report: Mapping[str, Any] | None = None,
     texts.update(local_logs or {})
     texts.update(files or {})
     return texts
+
+
+def headline(findings: Sequence[Finding]) -> str | None:
+    """One line for a list of findings (a failed job's): the first error's diagnosis, up to
+    the end of its first sentence and at most 160 characters; None when nothing was found."""
+    first = next((f for f in findings if f.level == "error"), findings[0] if findings else None)
+    if first is None:
+        return None
+    text = re.split(r"(?<=[.!?])\s+(?=[A-Z(])", first.diagnosis, maxsplit=1)[0].rstrip(".")
+    if len(text) > 160:
+        text = text[:157].rsplit(" ", 1)[0] + "..."
+    return f"{text} ({first.id})"
