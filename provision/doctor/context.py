@@ -47,9 +47,13 @@ class HostView:
 
     @property
     def env(self) -> CondaEnv | None:
-        """The env the plan uses (its facts: python, torch), when the host has it."""
-        if self.facts is None or self.plan is None or self.plan.layout is None:
+        """The env the plan uses (its facts: python, torch), when the host has it; without a
+        plan, the one env that has torch."""
+        if self.facts is None:
             return None
+        if self.plan is None or self.plan.layout is None:
+            with_torch = [e for e in self.facts.envs if e.torch]
+            return with_torch[0] if len(with_torch) == 1 else None
         prefix = self.plan.layout.env_prefix
         return next((e for e in self.facts.envs if e.prefix == prefix), None)
 
@@ -57,7 +61,8 @@ class HostView:
     def env_prefix(self) -> str:
         if self.plan is not None and self.plan.layout is not None:
             return self.plan.layout.env_prefix
-        return "<env>"
+        env = self.env
+        return env.prefix if env is not None else "<env>"
 
     @property
     def conda_root(self) -> str:
@@ -70,7 +75,8 @@ class HostView:
         """The env's interpreter: its path when the plan names it."""
         if self.plan is not None and self.plan.layout is not None:
             return self.plan.layout.python_bin
-        return "python"
+        env = self.env
+        return f"{env.prefix}/bin/python" if env is not None else "python"
 
     @property
     def pip(self) -> str:

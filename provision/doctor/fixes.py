@@ -155,10 +155,10 @@ def missing_lib(values: Values, h: HostView, text: str) -> dict[str, str]:
                + f"), or add the runtime it wants from pip: `{h.pip} install {wheel}`.")
         return {"lib_why": why, "lib_fix": fix}
     wheel = found[0] if found else "nvidia-cudnn-cu12, nvidia-cublas-cu12, ..."
-    basis = f" (the variant for {found[1]})" if found and found[1] else ""
+    basis = f", the variant for {found[1]}" if found and found[1] else ""
     major = re.search(r"\.so\.(\d+)", lib)
     pin = (f"=={major.group(1)}.*" if found and major and low.startswith("libcudnn") else "")
-    why = (f"torch's pip wheels load {lib} from the nvidia-* pip packages ({wheel} here{basis}); "
+    why = (f"torch's pip wheels load {lib} from the nvidia-* pip packages ({wheel} here{basis}): "
            "it is missing or not where torch looks (an install with --no-deps, an interrupted "
            "one, or pip splitting lib and lib64), or a package built for another CUDA wants it.")
     fix = (f"Reinstall torch with its dependencies: {h.reinstall_torch()}. A package that needs "
