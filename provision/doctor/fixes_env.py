@@ -91,7 +91,10 @@ def torchvision_pair(values: Values, h: HostView, text: str) -> dict[str, str]:
     else:
         fix = ("`pip install --force-reinstall torchvision==<the release paired with your torch> "
                "--index-url <the index torch came from>` (`gpu-provision pick` names the pair)")
-    return {"tv_text": f"; torch here is {h.torch}" if h.torch else "", "tv_fix": fix}
+    pair = (f" (torch with CUDA {values['tcuda']}, torchvision with CUDA {values['vcuda']})"
+            if values.get("tcuda") and values.get("vcuda") else "")
+    return {"tv_text": f"; torch here is {h.torch}" if h.torch else "", "tv_fix": fix,
+            "cuda_pair": pair}
 
 
 # The pip name of modules a build commonly imports before declaring them.
@@ -223,11 +226,35 @@ def requires_python(values: Values, h: HostView, text: str) -> dict[str, str]:
     return {"spec_text": spec, "have_text": have}
 
 
+# transformers names the library as its docs do; pip names the package otherwise
+_LIBRARY_PACKAGES = {"sentencepiece": "sentencepiece", "protobuf": "protobuf", "tiktoken": "tiktoken",
+                     "accelerate": "accelerate", "bitsandbytes": "bitsandbytes",
+                     "scipy": "scipy", "timm": "timm", "einops": "einops", "pytorch": "torch",
+                     "vision": "pillow", "pillow": "pillow", "librosa": "librosa"}
+
+
+def library_for_class(values: Values, h: HostView, text: str) -> dict[str, str]:
+    lib = (values.get("libname") or "sentencepiece").lower()
+    cls = values.get("cls")
+    return {"pkg_name": _LIBRARY_PACKAGES.get(lib, lib),
+            "cls_text": cls if cls else "Converting this tokenizer"}
+
+
+def kernel_headers(values: Values, h: HostView, text: str) -> dict[str, str]:
+    kver = values.get("kver") or (h.facts.kernel if h.facts is not None else None)
+    k = kver or "$(uname -r)"
+    return {"kernel_text": f" ({kver})" if kver else "",
+            "headers_install": h.install(f"linux-headers-{k}", f"kernel-devel-{k} kernel-headers")}
+
+
 ENV_SPECIFICS = {
+    "python-library-missing-for-class": library_for_class,
+    "kernel-headers-missing": kernel_headers,
     "shared-object-missing": shared_object,
     "cuda-lib-symbol-shadowed": symbol_shadowed,
     "glibcxx-too-old": glibcxx,
     "torchvision-mismatch": torchvision_pair,
+    "torchvision-cuda-variant": torchvision_pair,
     "build-isolation-no-module": build_isolation,
     "cuda-home-not-set": cuda_home,
     "nvcc-torch-cuda-mismatch": cuda_mismatch,
