@@ -127,7 +127,14 @@ def space(values: Values, h: HostView, text: str) -> dict[str, str]:
             "path_text": f" ({path})" if path else ""}
 
 
+def model_dir(values: Values, h: HostView, text: str) -> dict[str, str]:
+    d = values.get("dir")
+    return {"dir_text": f" ({d})" if d else ""}
+
+
 RUN_SPECIFICS = {
+    "hf-cant-load-from-hub": hf_unreachable,
+    "hf-weights-missing-in-dir": model_dir,
     "hf-cache-no-space": space,
     "checkpoint-write-failed": space,
     "gpu-busy-or-exclusive": holders,
