@@ -257,6 +257,7 @@ ENV_SPECIFICS = {
     "torchvision-cuda-variant": torchvision_pair,
     "build-isolation-no-module": build_isolation,
     "cuda-home-not-set": cuda_home,
+    "cuda-headers-missing": cuda_home,
     "nvcc-torch-cuda-mismatch": cuda_mismatch,
     "nvcc-unsupported-arch": unsupported_arch,
     "nvcc-gcc-too-new": gcc_too_new,

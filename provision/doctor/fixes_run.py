@@ -132,7 +132,32 @@ def model_dir(values: Values, h: HostView, text: str) -> dict[str, str]:
     return {"dir_text": f" ({d})" if d else ""}
 
 
+def no_driver(values: Values, h: HostView, text: str) -> dict[str, str]:
+    """Which of the reasons holds here, from the facts."""
+    f = h.facts
+    generic = ("On a machine meant to have a GPU: check `nvidia-smi`; install the driver "
+               f"(`gpu-provision -H {h.name} driver`) or, in a container, start it with its GPUs "
+               "(`docker run --gpus all`, or the provider's GPU option). On a machine without "
+               "one, run on the CPU: map_location='cpu' for checkpoints and no .cuda() / "
+               "device='cuda' in the code (or rent a GPU machine).")
+    if f is None:
+        return {"no_driver_why": "", "no_driver_fix": generic}
+    if not f.pci_gpus and not f.gpus:
+        return {"no_driver_why": " This machine has no NVIDIA GPU on its PCI bus.",
+                "no_driver_fix": "Rent a machine with a GPU (or attach one in the provider's "
+                                 "console), or run on the CPU: map_location='cpu' and no .cuda()."}
+    if f.virtualization.kind == "container":
+        return {"no_driver_why": " This is a container.",
+                "no_driver_fix": "Start the container with its GPUs (`docker run --gpus all`, or "
+                                 "the provider's GPU option); nothing inside it can add the driver."}
+    return {"no_driver_why": f" The GPU is there ({', '.join(g.name for g in f.pci_gpus) or 'NVIDIA'})"
+                             " but the driver is not working.",
+            "no_driver_fix": f"Install the driver: `gpu-provision -H {h.name} driver` (then "
+                             "`nvidia-smi` must list the GPU)."}
+
+
 RUN_SPECIFICS = {
+    "torch-finds-no-driver": no_driver,
     "hf-cant-load-from-hub": hf_unreachable,
     "hf-weights-missing-in-dir": model_dir,
     "hf-cache-no-space": space,
