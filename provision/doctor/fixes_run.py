@@ -157,6 +157,7 @@ def no_driver(values: Values, h: HostView, text: str) -> dict[str, str]:
 
 
 RUN_SPECIFICS = {
+    "hf-rate-limited": hf_unreachable,
     "torch-finds-no-driver": no_driver,
     "hf-cant-load-from-hub": hf_unreachable,
     "hf-weights-missing-in-dir": model_dir,
