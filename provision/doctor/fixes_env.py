@@ -255,6 +255,7 @@ ENV_SPECIFICS = {
     "glibcxx-too-old": glibcxx,
     "torchvision-mismatch": torchvision_pair,
     "torchvision-cuda-variant": torchvision_pair,
+    "torchvision-newer-than-torch": torchvision_pair,
     "build-isolation-no-module": build_isolation,
     "cuda-home-not-set": cuda_home,
     "cuda-headers-missing": cuda_home,
