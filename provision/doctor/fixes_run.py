@@ -106,7 +106,7 @@ def hf_repo(values: Values, h: HostView, text: str) -> dict[str, str]:
 
 
 def hf_unreachable(values: Values, h: HostView, text: str) -> dict[str, str]:
-    hub = values.get("hubhost")
+    hub = values.get("hubhost") or values.get("hubhost2")
     mirror = (h.facts.mirrors.get("huggingface") or h.facts.mirrors.get("hf")) \
         if h.facts is not None else None
     return {"hub_text": f" ({hub})" if hub else "",
