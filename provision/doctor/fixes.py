@@ -231,6 +231,7 @@ SPECIFICS: dict[str, Specific] = {
     "fabric-manager-down": fabric_manager,
     "gpu-ecc-error": ecc,
     "gpu-fallen-off-bus": fallen,
+    "rm-init-adapter-failed": fallen,
     "cuda-oom": holders,
     "cublas-not-initialized": holders,
     "cuda-lib-missing": missing_lib,
