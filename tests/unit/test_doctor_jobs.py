@@ -8,14 +8,16 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from provision.cli.jobs_commands import failure_note, job_log_tail
 from provision.doctor.match import diagnose, headline
 from provision.jobs import remote
 from provision.jobs.spec import JobSpec
 from provision.jobs.state import parse_records, unpack_tail
-from provision.remote.command import Command
+from provision.remote.command import Command, bash_script
 
+T = TypeVar("T")
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 BOOT = "7d3c6a56-0000-4000-8000-000000000001"
 OOM = ("Traceback (most recent call last):\n  File \"train.py\", line 40, in <module>\n"
@@ -94,13 +96,20 @@ class LocalExecutor:
 
     def run(self, command: Command, step: str, check: bool = True, timeout: int | None = None,
             on_out: Callable[[str], None] | None = None,
-            on_err: Callable[[str], None] | None = None, stdin: str | None = None) -> _Result:
+            on_err: Callable[[str], None] | None = None, stdin: str | None = None,
+            what: str | None = None) -> _Result:
         self.executions += 1
         r = subprocess.run(list(command.argv), capture_output=True, text=True, input=stdin,
                            env={"HOME": str(self.home), "PATH": "/usr/bin:/bin"})
         for line in r.stdout.splitlines():
             (on_out or (lambda _: None))(line)
         return _Result(r.returncode, r.stdout, r.stderr)
+
+    def query(self, name: str, script: str, parse: Callable[[str], T], *, what: str,
+              fix: str | None = None, stdin: str | None = None, any_exit: bool = False) -> T:
+        r = self.run(bash_script(script), step=name, stdin=stdin)
+        assert r.exit_code == 0 or any_exit, r.stderr
+        return parse(r.stdout)
 
 
 def test_doctor_job_reads_the_end_of_the_log_on_the_host(tmp_path: Path) -> None:
