@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ from ..jobs.spec import (
     validation_env,
 )
 from ..jobs.state import HostJobs
+from ..remote.executor import Executor
 from ..setup.session import Session, open_executor
 from ..store import Store, run_id
 from ..ui import console as output
@@ -45,6 +47,7 @@ from .taskkit import notify as _notify
 
 A = TypeVar("A")
 T = TypeVar("T")
+TAIL_LINES = 400  # the end of a followed log that doctor reads when the job fails
 BOTH = "give the hosts once: -H a,b (a job on each) or --hosts a,b (one job over them)"
 
 
@@ -215,6 +218,38 @@ def _specs(base: JobSpec, targets: Sequence[Target], store: Store, facts: list[H
 
 
 
+def job_log_tail(ex: Executor, job: str, limit: int = 256 * 1024) -> tuple[str, str]:
+    """(the job's id, the end of its log on the host, at most ``limit`` bytes): what
+    `doctor --job` reads. One listing for the log's size, then one read from near its end."""
+    check_ref(job)
+    listed = remote.list_jobs(ex).jobs  # newest first, as find_job picks a name's newest
+    found = next((j for j in listed if j.id == job), None) or \
+        next((j for j in listed if j.name == job), None)
+    if found is None:
+        prefixed = [j for j in listed if j.id.startswith(job)]
+        found = prefixed[0] if len(prefixed) == 1 else None
+    offset = max(0, (found.log_size or 0) - limit) if found is not None else 0
+    kept: deque[str] = deque(maxlen=20000)
+
+    def keep(line: str) -> None:
+        if not line.startswith(remote.JOB_HEADER) and not remote.is_result_line(line):
+            kept.append(line)
+
+    remote.follow_log(ex, job, expect=found.id if found is not None else "", offset=offset,
+                      follow=False, on_line=keep, on_err=lambda line: None)
+    return (found.id if found is not None else job), "\n".join(kept)
+
+
+def failure_note(host: str, job: str, log_tail: str, how: str) -> str:
+    """One line for a job that did not exit 0: doctor's diagnosis of the end of its log, and
+    the command that says more (the full diagnosis with this host's facts)."""
+    from ..doctor.match import diagnose, headline
+
+    line = headline(diagnose({f"job {job}": log_tail})) if log_tail.strip() else None
+    return (f"{host}: {job} {how}: {line or 'no known failure in the end of its log'}; "
+            f"`gpu-provision -H {host} doctor --job {job}` says more")
+
+
 def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
          hosts: str | None = None) -> None:
     """The `logs` task's body; its help is in provision/tasks_jobs.py."""
@@ -236,7 +271,10 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
         start = Position("") if all_ else load(path)
         prefix = f"{target.name}: " if many else ""
 
+        last: deque[str] = deque(maxlen=TAIL_LINES)
+
         def emit(line: str) -> None:
+            last.append(line)
             with lock:
                 output.log_line(prefix + line)
 
@@ -261,7 +299,10 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
         ended = isinstance(r.result, dict) and isinstance(r.result.get("rc"), int)
         reader.finished(r.size, ended)
         if ended:
-            return int(r.result["rc"])
+            rc = int(r.result["rc"])
+            if follow and rc != 0:
+                _notify(failure_note(target.name, job, "\n".join(last), f"exited {rc}"))
+            return rc
         if not follow:
             return None
         _notify(f"{target.name}: the job ended without an exit code (lost in a reboot, or its "
@@ -303,10 +344,14 @@ def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None 
             if len(ended) > SHOWN:
                 notes.append(f"{h.host}: {len(ended) - SHOWN} older job(s) not shown (--all)")
         listed = shown
+    failed = {(h.host, j.id): failure_note(h.host, j.id, j.log_tail, j.label)
+              for h in listed for j in h.jobs
+              if j.failed and (j.log_tail or j.state == "exited")}
     if json_:
-        output.print_json([j.as_json(h.now) for h in listed for j in h.jobs])
+        output.print_json([{**j.as_json(h.now), "diagnosis": failed.get((h.host, j.id))}
+                           for h in listed for j in h.jobs])
     else:
-        output.jobs_table(listed, notes)
+        output.jobs_table(listed, [*notes, *failed.values()])
 
 
 

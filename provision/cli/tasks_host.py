@@ -188,21 +188,29 @@ def verify(c: Context, junit: str | None = None) -> None:
 
 @task(iterable=["log"], help={"log": "a file holding an error text to diagnose (repeatable; - "
                                      "reads standard input); without -H only these are read",
+                              "job": "a job's id or name (`jobs` lists them): also read the end "
+                                     "of its log on the host",
                               "env_name": SETTINGS_HELP["env_name"],
                               "json": "print the findings as JSON"})
 @reports_errors
-def doctor(c: Context, log: list[str] | None = None, env_name: str | None = None,
-           json_: bool = False) -> None:
+def doctor(c: Context, log: list[str] | None = None, job: str | None = None,
+           env_name: str | None = None, json_: bool = False) -> None:
     """Match the host's state and error texts against known failures and print each fix.
 
     Reads the facts (with the tail of each step's log on the host) in one remote execution, the
-    last validation report and run logs here, and any --log file. Exit 1 when an error is found.
-    Example: gpu-provision -H my-4090 doctor;  gpu-provision doctor --log traceback.txt
+    last validation report and run logs here, any --log file and, with --job, the end of that
+    job's log on the host. Exit 1 when an error is found.
+    Example: gpu-provision -H my-4090 doctor;  gpu-provision -H my-4090 doctor --job train;
+    gpu-provision doctor --log traceback.txt
     """
-    from ..doctor.match import diagnose, read_logs, texts_for
+    from ..doctor.files import read_logs
+    from ..doctor.match import diagnose, texts_for
     from ..store import Store
+    from .jobs_commands import job_log_tail
 
     files = read_logs(log or [])
+    if job and not has_host(c):
+        raise UsageError("doctor --job reads the job's log on its host: give it with -H")
     if has_host(c):
         host = target_of(c).name
         store = Store()
@@ -210,6 +218,9 @@ def doctor(c: Context, log: list[str] | None = None, env_name: str | None = None
         with _session(c) as s:
             f = s.facts(step_logs=True)
             p = s.plan(_overrides(env_name=env_name), facts=f)
+            if job:
+                job_id, text = job_log_tail(s.ex, job)
+                files = {f"job {job_id}": text, **files}
         findings = diagnose(texts_for(f, report, logs, files), f, p, host=host)
     elif files:
         host = "<host>"

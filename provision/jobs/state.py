@@ -4,8 +4,11 @@ reboot."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import signal
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -40,6 +43,7 @@ class JobState:
     log_size: int | None = None  # None: the log is gone
     last_line: str = ""
     hit: str = ""  # the last log line with "out of memory" or NaN (watch)
+    log_tail: str = ""  # the end of the log of a job that ended and did not exit 0 (`jobs`)
     gpu_memory_mib: int | None = None  # what its processes hold (None: none seen on a GPU)
     pid: int | None = None
     launcher: str = ""
@@ -128,6 +132,16 @@ def memory_of(pid: int | None, apps: Iterable[GpuApp]) -> int | None:
     return sum(held) if held else None
 
 
+def unpack_tail(packed: str) -> str:
+    """The record's ``tail`` (gzip, then base64) as text; "" when absent or damaged."""
+    if not packed:
+        return ""
+    try:
+        return gzip.decompress(base64.b64decode(packed)).decode("utf-8", errors="replace")
+    except (ValueError, OSError, EOFError, zlib.error):
+        return ""
+
+
 def job_state(raw: dict[str, str], host: str, host_boot: str,
               apps: tuple[GpuApp, ...] = ()) -> JobState:
     """One job record (``key -> rest of the line``) -> its typed state, by these rules: a live
@@ -183,6 +197,7 @@ def job_state(raw: dict[str, str], host: str, host_boot: str,
         ended=float(ended) if ended is not None else None,
         log_path=log[1] if len(log) == 2 else "", log_size=size if size is None or size >= 0 else None,
         last_line=raw.get("last", ""), hit=raw.get("hit", "").strip(),
+        log_tail=unpack_tail(raw.get("tail", "").strip()),
         gpu_memory_mib=memory_of(pid, apps), pid=pid, launcher=raw.get("launcher", "").strip(),
         rank=int(spec.get("rank") or 0), nnodes=int(spec.get("nnodes") or 1), spec=spec)
 

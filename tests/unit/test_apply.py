@@ -167,7 +167,7 @@ def test_a_failed_step_names_the_step_the_output_and_the_known_fix(tmp_path: Pat
     msg = str(explain(err.value))
     assert msg.startswith("box: step 'torch' failed with exit code 1; last output:")
     assert "No space left on device" in msg
-    assert "fix: A step ran out of disk space." in msg
+    assert "fix: pip ran out of disk space" in msg and "TMPDIR=" in msg
     assert f"the full log is in {tmp_path / 'logs'}/torch.log and on the host in " \
         "~/.gpu-provision/logs/torch.log" in msg
 

@@ -1,0 +1,115 @@
+"""The named fact checks knowledge entries refer to with ``when``: each looks at a host's facts
+and returns the placeholders it provides (a true value, possibly empty) or None when it does not
+hold. Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from ..facts.fabric import fabric_ready, fabric_summary
+from ..facts.host import HostFacts
+
+# Fact checks: each returns the placeholders it provides (a true value) or None.
+Check = Callable[[HostFacts], "dict[str, str] | None"]
+
+
+def _branches(packages: Sequence[str]) -> set[str]:
+    found = set()
+    for p in packages:
+        name, _, version = p.partition(" ")
+        m = re.search(r"nvidia-(?:driver|dkms)-(\d{3})", name) or re.match(r"(\d{3})\.", version)
+        if m:
+            found.add(m.group(1))
+    return found
+
+
+def busy(f: HostFacts) -> dict[str, str] | None:
+    if f.gpu_processes:
+        procs = ", ".join(f"{p.name} (pid {p.pid}, {p.used_memory_mib or '?'} MiB)"
+                          for p in f.gpu_processes[:5])
+        return {"busy": f"{len(f.gpu_processes)} process(es) already run on it: {procs}"}
+    used = [g for g in f.gpus if (g.memory_used_mib or 0) > 512]
+    if used:
+        return {"busy": "; ".join(f"GPU {g.index} has {g.memory_used_mib} MiB of "
+                                  f"{g.memory_total_mib} MiB in use" for g in used)}
+    return None
+
+
+def _disk_full(f: HostFacts) -> dict[str, str] | None:
+    low = [d for d in f.disks if d.total_gb > 0 and (d.free_gb < 5 or d.free_gb / d.total_gb < 0.05)]
+    if not low:
+        return None
+    return {"disk_text": "; ".join(f"The disk holding {d.path} ({d.mount}) has {d.free_gb} GB "
+                                   f"free of {d.total_gb} GB" for d in low) + "."}
+
+
+def _home_small(f: HostFacts) -> dict[str, str] | None:
+    home = next((d for d in f.disks if d.path == f.home), None)
+    if home is None or home.total_gb >= 60:
+        return None
+    big = max((d for d in f.disks if d.mount != home.mount), key=lambda d: d.free_gb, default=None)
+    if big is None or big.free_gb < 2 * home.total_gb:
+        return None
+    return {"home_text": f"The home disk ({home.mount}) is {home.total_gb} GB while {big.path} "
+                         f"({big.mount}) has {big.free_gb} GB free: downloads and caches in "
+                         "$HOME fill the small one first.", "data_mount": big.path}
+
+
+def _conda_and_pip(f: HostFacts) -> dict[str, str] | None:
+    """torch of conda's and a wheel's (pip, or uv, which the torch step may use) in one env."""
+    both = [(env, w) for env, who in f.torch_installers.items() if "conda" in who
+            for w in who if w in ("pip", "uv")]
+    return {"env": both[0][0], "installer": both[0][1]} if both else None
+
+
+def _nvcc_differs(f: HostFacts) -> dict[str, str] | None:
+    if not (f.nvcc and f.driver_cuda):
+        return None
+    if f.nvcc.split(".")[:2] == f.driver_cuda.split(".")[:2]:
+        return None
+    return {"nvcc": f.nvcc, "driver_cuda": f.driver_cuda}
+
+
+def _fabric_manager_down(f: HostFacts) -> dict[str, str] | None:
+    """An NVSwitch board whose fabric manager is missing, stopped or not the driver's version
+    (in a container, where it is the provider's: whose fabric is not up)."""
+    if not f.nvswitches:
+        return None
+    fm, summary = f.fabric_manager, fabric_summary(f.fabric)
+    if f.virtualization.kind == "container":
+        state = f"the fabric is not up ({summary})" if fabric_ready(f.fabric) is False else None
+    elif fm is None or fm.version is None:
+        state = "nvidia-fabricmanager is not installed"
+    elif f.driver and fm.version != f.driver:
+        state = f"nvidia-fabricmanager is {fm.version}, not the driver's {f.driver}"
+    elif not fm.running:
+        state = f"nvidia-fabricmanager {fm.version} is {fm.active or 'not running'}"
+    elif fabric_ready(f.fabric) is False:
+        state = f"nvidia-fabricmanager runs but the fabric is not up ({summary})"
+    else:
+        state = None
+    if state is None:
+        return None
+    return {"switches": f"{len(f.nvswitches)} NVSwitches on the PCI bus",
+            "fm_state": state + (f"; {summary}" if summary and summary not in state else "")}
+
+
+CHECKS: dict[str, Check] = {
+    "fabric_manager_down": _fabric_manager_down,
+    "nouveau_loaded": lambda f: {} if f.nouveau_loaded else None,
+    "secure_boot": lambda f: {} if f.secure_boot else None,
+    "no_module_for_kernel": lambda f: {"kernel": f.kernel}
+    if f.nvidia_ko_for_kernel is False and f.virtualization.kind != "container" else None,
+    "container": lambda f: {} if f.virtualization.kind == "container" else None,
+    "no_driver_with_gpu": lambda f: {"pci": ", ".join(g.name for g in f.pci_gpus)}
+    if f.nvidia_state == "no_driver" and f.pci_gpus else None,
+    "several_driver_branches": lambda f: {"packages": ", ".join(f.driver_packages)}
+    if len(_branches(f.driver_packages)) > 1 else None,
+    "torch_conda_and_pip": _conda_and_pip,
+    "gpu_busy": busy,
+    "disk_nearly_full": _disk_full,
+    "home_small_beside_data": _home_small,
+    "nvcc_differs": _nvcc_differs,
+}
