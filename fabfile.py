@@ -15,6 +15,7 @@ from provision.cli.tasks_host import (  # noqa: F401
     forget_host_key,
     forget_secrets,
     jobs,
+    keepers,
     kill,
     logs,
     pick,

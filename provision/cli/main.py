@@ -73,7 +73,13 @@ class GpuProvision(Program):
         workdir = Argument(names=("workdir",),
                            help="folder that holds logs/ and reports/ (default "
                                 "$GPU_PROVISION_WORKDIR, else the current folder)")
-        return [*kept, *fabric_args(), workdir]
+        keep = Argument(names=("keep",), kind=int,
+                        help="seconds a host's connection is kept open for the next command "
+                             "(default $GPU_PROVISION_KEEP, else the inventory's keep:, else "
+                             "600; 0 connects afresh every time)")
+        no_keep = Argument(names=("no-keep",), kind=bool,
+                           help="connect afresh, keep no connection open (--keep 0)")
+        return [*kept, *fabric_args(), workdir, keep, no_keep]
 
     def print_version(self) -> None:
         print(f"{self.name} {__version__}")
@@ -107,6 +113,11 @@ class GpuProvision(Program):
             if os.path.exists(workdir) and not os.path.isdir(workdir):
                 raise Exit(f"error: --workdir {workdir}: not a folder", code=EXIT_USAGE)
             os.environ["GPU_PROVISION_WORKDIR"] = workdir  # read by store.Store()
+        keep = 0 if self.args["no-keep"].value else self.args.keep.value
+        if keep is not None:
+            if not 0 <= keep <= 86400:
+                raise Exit(f"error: --keep {keep}: give whole seconds, 0 to 86400", code=EXIT_USAGE)
+            os.environ["GPU_PROVISION_KEEP"] = str(keep)  # read by remote.keep.keep_seconds
         if self.args.hosts.value:
             from fabric import Config as FabricConfig
             self.config_class = FabricConfig

@@ -17,8 +17,11 @@ def repin(c: Context) -> None:
 
     Example: gpu-provision -H root@203.0.113.10:2222 repin
     """
-    from ..remote.connection import connect
-    connect(target_of(c), notify=_notify, replace_key=True).close()
+    from ..remote.connection import connect, known_hosts_path
+    from ..remote.keep import stop_for
+    target = target_of(c)
+    stop_for(target, known_hosts_path())  # a kept connection was checked against the old key
+    connect(target, notify=_notify, replace_key=True).close()
 
 
 @task(name="forget-secrets", aliases=["forget"])
@@ -58,7 +61,9 @@ def authorize(c: Context, pubkey: str | None = None, password_env: str | None = 
 def forget_host_key(c: Context) -> None:
     """Remove the host's pinned SSH key from our known_hosts file."""
     from ..remote.connection import forget_pin, known_hosts_path
+    from ..remote.keep import stop_for
     target = target_of(c)
+    stop_for(target, known_hosts_path())
     found = forget_pin(target)
     output.console.print(f"{target.pin_name}: {'forgotten' if found else 'was not pinned'} "
                          f"({known_hosts_path()})", markup=False)

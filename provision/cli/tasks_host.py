@@ -165,7 +165,8 @@ def verify(c: Context, junit: str | None = None) -> None:
 
     target = target_of(c)
     path = Path(junit) if junit else Store().report_path(target.name, "verify", ext="xml")
-    conn = connect(target, notify=_notify)
+    # testinfra opens its channels on paramiko's own client: a connection of its own
+    conn = connect(target, notify=_notify, keep=False)
     try:
         ex = Executor(conn, target.name, log_dir=Store().run_logs(target.name, run_id()))
         # what the suite checks against is written by bootstrap's validation: without it every
@@ -354,3 +355,4 @@ from .tasks_data import autostop, cost, sync  # noqa: E402,F401
 from .tasks_fit import fit  # noqa: E402,F401
 from .tasks_jobs import jobs, kill, logs, run, watch  # noqa: E402,F401
 from .tasks_offline import compare, pick, refresh_compat  # noqa: E402,F401
+from .tasks_keep import keepers  # noqa: E402,F401

@@ -54,6 +54,7 @@ INVENTORY_SCHEMA = {
     "mirrors": MIRRORS_SCHEMA,
     "push_env": Check([str], v.env_vars),
     "notes": str,
+    "keep": Check(int, v.seconds(0, 86400)),
 }
 
 GROUP_SCHEMA = {"group": Check([str], lambda xs: None if xs else "a group needs members"),
@@ -78,6 +79,7 @@ class Target:
     connect_timeout: int | None = None
     password: str | None = field(default=None, repr=False, compare=False)
     passphrase: str | None = field(default=None, repr=False, compare=False)
+    keep: int | None = None  # seconds a kept connection outlives its last use (None: default)
 
     @property
     def pin_name(self) -> str:
@@ -129,10 +131,12 @@ def load_inventory(path: Path, name: str | None = None, check_key: bool = False)
         raise ConfigError(str(path), f"{key} does not exist: give the private key file to log "
                           "in with (or -i KEY on the command line)", key="key",
                           line=lines.get("key"))
-    conn = {k: data.pop(k) for k in ("host", "port", "user", "key", "password_env") if k in data}
+    conn = {k: data.pop(k) for k in ("host", "port", "user", "key", "password_env", "keep")
+            if k in data}
     return Target(name=name or path.stem, host=str(conn["host"]), port=int(conn.get("port") or 22),
                   user=str(conn.get("user") or "root"), key=conn.get("key"),
-                  password_env=conn.get("password_env"), source=path, settings=data)
+                  password_env=conn.get("password_env"), source=path, settings=data,
+                  keep=conn.get("keep"))
 
 
 def find_inventory(spec: str) -> Path | None:

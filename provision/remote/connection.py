@@ -150,8 +150,11 @@ def check_credentials(target: Target, password: str | None = None) -> None:
 
 def connect(target: Target, notify: Callable[[str], None] | None = None,
             replace_key: bool = False, timeout: int | None = None,
-            password: str | None = None, key_only: bool = False) -> Connection:
+            password: str | None = None, key_only: bool = False, keep: bool = True) -> Connection:
     """Open a connection to ``target``; failures become SSHError with a named kind.
+
+    ``keep``: through the host's keeper (``keep.py``), started now if there is none; a login
+    by password alone, a key-only check and a re-pin always connect afresh.
 
     ``password``: log in with it alone (no keys, no agent). ``key_only``: only ``target.key``.
     Otherwise keys are tried first, then ``target.password`` (``--prompt-for-login-password``)
@@ -160,6 +163,11 @@ def connect(target: Target, notify: Callable[[str], None] | None = None,
     """
     timeout = timeout or target.connect_timeout or default_timeout()
     check_credentials(target, password)
+    if keep and not replace_key and password is None and not key_only:
+        from .keep import kept
+        conn = kept(target, timeout, notify, known_hosts_path())
+        if conn is not None:
+            return conn
     others = password is None and not key_only  # the agent and ~/.ssh/id_* may be tried
     kwargs: dict[str, object] = {"allow_agent": others, "look_for_keys": others,
                                  "banner_timeout": timeout, "auth_timeout": timeout}

@@ -1,0 +1,310 @@
+"""Kept connections: the first command to a host starts a keeper (``keeper.py``) that holds the
+authenticated SSH connection; later commands of the same local user reach it on a Unix socket
+and pay one round trip per channel instead of a whole handshake.
+
+Safety, in the order it is checked:
+- the socket lives in a folder of ours, mode 0700 and owned by us (else: no keeping), and is
+  itself 0600: another local user can neither list nor use it;
+- its name is a hash of everything that decides what a connection is: our uid, user, address,
+  port, key file, password variable, the pin name, our known_hosts file, and the host key the
+  keeper verified. Another inventory, user, key or port, or a re-pinned key, never finds it;
+- ``repin``, ``forget-host-key`` stop the keepers of that pin (``stop_for``); a keeper whose
+  connection died (reboot, dropped link) ends itself, and a command that meets it first gets a
+  fresh keeper within the same command (``RelayTransport.renew``);
+- the keeper ends once idle for ``keep`` seconds (--keep/--no-keep, $GPU_PROVISION_KEEP, the
+  inventory's ``keep:``, else 600).
+Without Unix sockets (Windows), or when any of this cannot be had, commands connect fresh.
+
+The socket path is short (``<run dir>/<20 hex>``): macOS allows 104 bytes in ``sun_path``
+(ansible#11536 hit this with long ControlPath names); a run dir that would make it longer is not
+used.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from fabric import Connection
+from paramiko.hostkeys import HostKeys
+
+from ..config.inventory import Target
+from ..errors import ProvisionError, SSHError
+from .relay import Gone, RelayTransport, ask
+
+DEFAULT_KEEP = 600
+MAX_KEEP = 86400
+SUN_PATH = 100  # bytes a socket path may take everywhere (macOS: 104 with the NUL)
+NAME_LEN = 20
+
+
+def keep_seconds(target: Target) -> int:
+    """--keep/--no-keep (which set $GPU_PROVISION_KEEP), else the inventory's ``keep:``, else
+    600."""
+    raw = os.environ.get("GPU_PROVISION_KEEP")
+    if raw is not None and raw.strip():
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if not 0 <= value <= MAX_KEEP:
+            raise ProvisionError(f"$GPU_PROVISION_KEEP={raw!r}: give whole seconds, 0 to "
+                                 f"{MAX_KEEP} (0: connect afresh for every command)")
+        return value
+    return DEFAULT_KEEP if target.keep is None else target.keep
+
+
+def run_dir() -> Path | None:
+    """The folder of our sockets: $GPU_PROVISION_RUN_DIR, else $XDG_RUNTIME_DIR/gpu-provision,
+    else /tmp/gpu-provision-UID; None when it is not ours alone or the paths would be too long."""
+    env = os.environ.get("GPU_PROVISION_RUN_DIR")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if env:
+        path = Path(env)
+    elif xdg and Path(xdg).is_dir():
+        path = Path(xdg) / "gpu-provision"
+    else:
+        path = Path(tempfile.gettempdir()) / f"gpu-provision-{os.getuid()}"
+    if len(str(path).encode()) + 1 + NAME_LEN > SUN_PATH:
+        return None
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.stat()
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None  # someone else's, or open to others: never put a socket there
+    return path
+
+
+def identity(target: Target, known_hosts: Path) -> str:
+    key = os.path.abspath(os.path.expanduser(target.key)) if target.key else None
+    parts = [os.getuid(), target.user, target.host, target.port, key, target.password_env,
+             target.pin_name, str(known_hosts)]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def socket_for(ident: str, server_key: str) -> str:
+    d = run_dir()
+    if d is None:
+        raise OSError("no folder for keeper sockets")
+    name = hashlib.sha256(f"{ident} {server_key}".encode()).hexdigest()[:NAME_LEN]
+    return str(d / name)
+
+
+def pinned_key(target: Target, known_hosts: Path) -> str | None:
+    if not known_hosts.exists():
+        return None
+    found = HostKeys(str(known_hosts)).lookup(target.pin_name)
+    if not found:
+        return None
+    return next(iter(found.values())).get_base64()
+
+
+def bind(path: str) -> socket.socket:
+    """A listening socket at ``path``, 0600 from the start (umask), replacing a stale one."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    return sock
+
+
+class KeptConnection(Connection):  # type: ignore[misc]
+    """A Fabric ``Connection`` whose transport is a keeper's (see ``relay.RelayTransport``)."""
+
+    def __init__(self, target: Target, relay: RelayTransport):
+        super().__init__(target.host, user=target.user, port=target.port)
+        self.relay = relay
+        self.kept_sftp: paramiko.SFTPClient | None = None
+        self.transport = relay
+        self.client._transport = relay  # SSHClient.get_transport() and open_sftp() use it
+
+    def open(self) -> None:
+        if not self.relay.active:
+            raise paramiko.SSHException("the connection is closed")
+
+    @property
+    def is_connected(self) -> bool:
+        return self.relay.active
+
+    def sftp(self) -> paramiko.SFTPClient:
+        if self.kept_sftp is None:
+            self.kept_sftp = self.relay.open_sftp_client()
+        return self.kept_sftp
+
+    def close(self) -> None:
+        if self.kept_sftp is not None:
+            try:
+                self.kept_sftp.close()
+            except (OSError, paramiko.SSHException):
+                pass
+            self.kept_sftp = None
+        self.relay.close()
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One command at a time starts the keeper of an identity (parallel runs, two terminals)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _alive(path: str, timeout: float) -> bool:
+    try:
+        sock, answer = ask(path, {"op": "status"}, min(timeout, 5.0))
+    except Gone:
+        return False
+    sock.close()
+    if not answer.get("alive"):
+        stop(path)
+        return False
+    return True
+
+
+def stop(path: str) -> bool:
+    try:
+        sock, _ = ask(path, {"op": "stop"}, 5.0)
+    except Gone:
+        return False
+    sock.close()
+    return True
+
+
+def kept(target: Target, timeout: int, notify: Callable[[str], None] | None,
+         known_hosts: Path) -> Connection | None:
+    """A connection through this host's keeper, started now if there is none; None when
+    keeping is off or cannot be had here (the caller connects fresh, silently). A failure to
+    connect is the SSHError a fresh connection would raise."""
+    if not hasattr(socket, "AF_UNIX") or keep_seconds(target) == 0:
+        return None
+    d = run_dir()
+    if d is None:
+        return None
+    ident = identity(target, known_hosts)
+
+    def find() -> str | None:
+        pin = pinned_key(target, known_hosts)
+        path = socket_for(ident, pin) if pin else None
+        return path if path and os.path.exists(path) and _alive(path, timeout) else None
+
+    def start() -> str | None:
+        with _locked(d / f"{ident[:NAME_LEN]}.lock"):
+            return find() or _spawn(target, ident, timeout, notify, known_hosts)
+
+    path = find() or start()
+    if path is None:
+        return None
+
+    def renew() -> str:
+        stop(relay.path)
+        new = start()
+        if new is None:
+            raise paramiko.SSHException("the connection was lost and no new one could be made")
+        return new
+
+    relay = RelayTransport(path, timeout, renew)
+    return KeptConnection(target, relay)
+
+
+def _spawn(target: Target, ident: str, timeout: int, notify: Callable[[str], None] | None,
+           known_hosts: Path) -> str | None:
+    d = run_dir()
+    spec = {"target": {"name": target.name, "host": target.host, "port": target.port,
+                       "user": target.user, "key": target.key, "password_env": target.password_env,
+                       "source": str(target.source) if target.source else None,
+                       "connect_timeout": target.connect_timeout, "password": target.password,
+                       "passphrase": target.passphrase, "keep": target.keep},
+            "identity": ident, "timeout": timeout, "keep": keep_seconds(target),
+            "known_hosts": str(known_hosts)}
+    try:
+        # the run dir on the command line: `ps` says what it is, and a test harness finds its own
+        proc = subprocess.Popen([sys.executable, "-m", "provision.remote.keeper", str(d)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, cwd="/", start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": _import_root()})
+    except OSError:
+        return None
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps(spec).encode() + b"\n")
+        proc.stdin.close()
+        for raw in proc.stdout:
+            kind, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
+            if kind == "notify" and notify:
+                notify(rest)
+            elif kind == "ready":
+                return rest
+            elif kind == "error":
+                e = json.loads(rest)
+                raise SSHError(e["host"], e["kind"], e["message"])
+        return None  # it ended without a word: connect fresh instead
+    finally:
+        proc.stdout.close()
+        try:
+            proc.wait(timeout=timeout + 30)  # it detaches (forks) before it connects
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _import_root() -> str:
+    """So the keeper imports this very copy of the program (a checkout or an install)."""
+    root = str(Path(__file__).resolve().parents[2])
+    rest = os.environ.get("PYTHONPATH")
+    return f"{root}{os.pathsep}{rest}" if rest else root
+
+
+def keepers() -> list[dict[str, Any]]:
+    """What each running keeper of this user says about itself; stale sockets are removed."""
+    d = run_dir()
+    if d is None:
+        return []
+    found = []
+    for p in sorted(d.iterdir()):
+        if len(p.name) != NAME_LEN or not p.is_socket():
+            continue
+        try:
+            sock, answer = ask(str(p), {"op": "status"}, 5.0)
+        except Gone:
+            try:
+                p.unlink()  # nobody listens: a keeper that was killed
+            except OSError:
+                pass
+            continue
+        sock.close()
+        found.append({**answer, "now": time.time()})
+    return found
+
+
+def stop_for(target: Target, known_hosts: Path) -> int:
+    """Stop the keepers holding a connection pinned under ``target``'s pin name (repin,
+    forget-host-key); returns how many."""
+    n = 0
+    for k in keepers():
+        if k.get("pin") == target.pin_name and k.get("known_hosts") == str(known_hosts):
+            n += stop(k["path"])
+    return n

@@ -1,0 +1,289 @@
+"""The keeper: a background process that holds one authenticated SSH connection to one host and
+serves the channels of later commands over a Unix socket (``relay.py`` says how), until it has
+been idle for its ``keep`` seconds.
+
+Started by ``keep.py`` as ``python -m provision.remote.keeper RUN_DIR``; it reads the target
+(JSON) on stdin, connects with ``connection.connect`` (so the pinned host-key check and the named
+failures are those of any connection), writes ``ready PATH`` (or ``error {...}``, or ``notify
+TEXT`` lines on the way) to stdout, and then detaches from the command that started it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from . import relay
+from .relay import EOF, STATUS, STDERR, STDIN, STDOUT, WINDOW
+
+POLL = 0.5  # seconds between looks at the idle clock and the connection
+PROBE_EVERY, PROBE_WAIT = 20.0, 10.0  # while idle, ask the server for an answer this often
+
+
+class Keeper:
+    def __init__(self, conn: Any, transport: paramiko.Transport, info: dict[str, Any],
+                 keep: int, timeout: int):
+        self.conn, self.transport, self.info = conn, transport, info
+        self.keep, self.timeout = keep, timeout
+        self.started = self.last = time.time()
+        self.channels = 0
+        self.lock = threading.Lock()
+        self.spare: paramiko.Channel | None = None
+        self.stopping = False
+        self.probed = time.monotonic()
+
+    # a spare session channel, opened ahead: a command's exec then costs one round trip, not two
+    def _fill_spare(self) -> None:
+        try:
+            chan = self.transport.open_session(timeout=self.timeout)
+        except (paramiko.SSHException, OSError, EOFError):
+            return
+        with self.lock:
+            old, self.spare = self.spare, chan
+        if old is not None:
+            old.close()
+
+    def _session(self) -> paramiko.Channel:
+        with self.lock:
+            chan, self.spare = self.spare, None
+        threading.Thread(target=self._fill_spare, daemon=True).start()
+        if chan is not None and not chan.closed and self.transport.is_active():
+            return chan
+        return self.transport.open_session(timeout=self.timeout)
+
+    def status(self) -> dict[str, Any]:
+        return {**self.info, "pid": os.getpid(), "started": self.started, "last": self.last,
+                "channels": self.channels, "keep": self.keep,
+                "alive": self.transport.is_active()}
+
+    def serve(self, listener: socket.socket) -> None:
+        threading.Thread(target=self._fill_spare, daemon=True).start()
+        listener.settimeout(POLL)
+        while not self.stopping:
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                if self._should_end():
+                    break
+                continue
+            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+
+    def _should_end(self) -> bool:
+        if not self.transport.is_active():
+            return True  # the host went away: the next command connects afresh
+        with self.lock:
+            busy = self.channels > 0
+        if busy:
+            return False
+        if time.time() - self.last >= self.keep:
+            return True
+        if time.monotonic() - self.probed >= PROBE_EVERY:
+            self.probed = time.monotonic()
+            return not self._answers()
+        return False
+
+    def _answers(self) -> bool:
+        """A link that a proxy or NAT dropped while idle sends no reset: ask the server for a
+        reply, and give up on the connection when none comes in time."""
+        done = threading.Event()
+
+        def probe() -> None:
+            self.transport.global_request("keepalive@openssh.com", wait=True)
+            done.set()
+        threading.Thread(target=probe, daemon=True).start()
+        return done.wait(PROBE_WAIT) and self.transport.is_active()
+
+    def _handle(self, client: socket.socket) -> None:
+        try:
+            header = json.loads(relay.read_line(client))
+            op = header.get("op")
+            if op == "status":
+                client.sendall(json.dumps(self.status()).encode() + b"\n")
+            elif op == "stop":
+                self.stopping = True
+                client.sendall(b'{"ok": true}\n')
+            else:
+                self._channel(client, header)
+        except (OSError, ValueError, relay.Gone):
+            pass
+        finally:
+            client.close()
+
+    def _open(self, header: dict[str, Any]) -> paramiko.Channel:
+        op = header["op"]
+        if op == "direct-tcpip":
+            return self.transport.open_channel("direct-tcpip", tuple(header["dest"]),
+                                               tuple(header["src"]), timeout=self.timeout)
+        chan = self._session()
+        try:
+            if header.get("pty"):
+                term, cols, rows = header["pty"]
+                chan.get_pty(term, cols, rows)
+            if header.get("env"):
+                chan.update_environment(header["env"])
+            if op == "exec":
+                chan.exec_command(header["command"])
+            elif op == "shell":
+                chan.invoke_shell()
+            elif op == "subsystem":
+                chan.invoke_subsystem(header["name"])
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        except BaseException:
+            chan.close()
+            raise
+        return chan
+
+    def _channel(self, client: socket.socket, header: dict[str, Any]) -> None:
+        with self.lock:
+            self.channels += 1
+            self.last = time.time()
+        try:
+            try:
+                chan = self._open(header)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                lost = not self.transport.is_active() or isinstance(exc, (EOFError, OSError))
+                client.sendall(json.dumps({"ok": False, "lost": lost, "error": str(exc)}).encode()
+                               + b"\n")
+                if lost:
+                    self.stopping = True
+                return
+            client.sendall(b'{"ok": true}\n')
+            if header["op"] in ("exec", "shell"):
+                _framed(chan, client)
+            else:
+                _spliced(chan, client)
+        finally:
+            with self.lock:
+                self.channels -= 1
+                self.last = time.time()
+
+
+def _framed(chan: paramiko.Channel, client: socket.socket) -> None:
+    """stdout and stderr to the command as frames, then the exit status; stdin, its end and
+    window sizes from the command. The command closing its socket (Ctrl-C, a timeout) closes
+    this channel alone."""
+    lock = threading.Lock()
+
+    def pump(read: Any, kind: bytes) -> None:
+        try:
+            while data := read(1 << 15):
+                relay.send_frame(client, kind, data, lock)
+        except (OSError, paramiko.SSHException):
+            chan.close()
+
+    def commands() -> None:
+        try:
+            while (frame := relay.recv_frame(client)) is not None:
+                kind, data = frame
+                if kind == STDIN:
+                    chan.sendall(data)
+                elif kind == EOF:
+                    chan.shutdown_write()
+                elif kind == WINDOW:
+                    cols, rows = json.loads(data)
+                    chan.resize_pty(cols, rows)
+        except (OSError, ValueError, paramiko.SSHException):
+            pass
+        chan.close()  # the command went away: end what it ran (it alone)
+
+    readers = [threading.Thread(target=pump, args=(chan.recv, STDOUT), daemon=True),
+               threading.Thread(target=pump, args=(chan.recv_stderr, STDERR), daemon=True)]
+    for t in readers:
+        t.start()
+    threading.Thread(target=commands, daemon=True).start()
+    for t in readers:
+        t.join()
+    code = chan.recv_exit_status()
+    try:
+        if code != -1:
+            relay.send_frame(client, STATUS, str(code).encode(), lock)
+        client.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    chan.close()
+
+
+def _spliced(chan: paramiko.Channel, client: socket.socket) -> None:
+    """Bytes both ways as they are (SFTP, a forwarded port)."""
+    def up() -> None:
+        try:
+            while data := client.recv(1 << 16):
+                chan.sendall(data)
+            chan.shutdown_write()
+        except (OSError, paramiko.SSHException):
+            chan.close()
+
+    t = threading.Thread(target=up, daemon=True)
+    t.start()
+    try:
+        while data := chan.recv(1 << 16):
+            client.sendall(data)
+    except (OSError, paramiko.SSHException):
+        pass
+    try:
+        client.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    chan.close()
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    from ..config.inventory import Target
+    from ..errors import SSHError
+    from .connection import connect
+    from .keep import bind, socket_for
+
+    if os.fork() > 0:  # detach before any thread exists: the command waits only for this exit
+        os._exit(0)
+    spec = json.loads(sys.stdin.readline())
+    source = spec["target"].pop("source")
+    target = Target(**{**spec["target"], "source": Path(source) if source else None})
+    try:
+        conn = connect(target, notify=lambda m: _say("notify " + m), timeout=spec["timeout"],
+                       keep=False)
+    except SSHError as exc:
+        message = str(exc).removeprefix(f"{exc.host}: {exc.kind}: ")
+        _say("error " + json.dumps({"host": exc.host, "kind": exc.kind, "message": message}))
+        return 1
+    transport = conn.client.get_transport()
+    assert transport is not None
+    server_key = transport.get_remote_server_key()
+    path = socket_for(spec["identity"], server_key.get_base64())
+    listener = bind(path)
+    ino = os.stat(path).st_ino
+    info = {"host": target.name, "address": f"{target.user}@{target.host}:{target.port}",
+            "pin": target.pin_name, "known_hosts": spec["known_hosts"], "path": path}
+    keeper = Keeper(conn, transport, info, spec["keep"], spec["timeout"])
+    _say("ready " + path)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # the command that started us may wait for its pipes to close
+        os.dup2(devnull, fd)
+    try:
+        keeper.serve(listener)
+    finally:
+        try:
+            if os.stat(path).st_ino == ino:  # not a newer keeper's socket at the same path
+                os.unlink(path)
+        except OSError:
+            pass
+        listener.close()
+        conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

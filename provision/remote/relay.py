@@ -1,0 +1,327 @@
+"""The wire between a command and a keeper (see ``keep.py``): one Unix-socket connection per SSH
+channel, and on the command's side objects that answer like paramiko's ``Transport`` and
+``Channel``, so Fabric's runner, ``SFTPClient`` and port forwards use a kept connection without
+knowing it.
+
+A connection starts with one JSON line from the command (what to open: ``exec``, ``shell``,
+``subsystem``, ``direct-tcpip``, or ``status``/``stop``) and one JSON line back (``ok``, or the
+error and whether the SSH connection behind it is gone). After that:
+
+- ``subsystem`` (SFTP) and ``direct-tcpip`` (forwards) carry the channel's bytes as they are;
+- ``exec`` and ``shell`` carry frames (one type byte, a 4-byte big-endian length, the bytes):
+  ``o`` stdout, ``e`` stderr, ``x`` the exit status, from the keeper; ``i`` stdin, ``f`` end of
+  stdin, ``w`` a window size (JSON ``[cols, rows]``), from the command. Closing the Unix socket
+  closes the one channel it carries and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import paramiko
+
+HEADER = struct.Struct(">cI")
+STDOUT, STDERR, STATUS, STDIN, EOF, WINDOW = b"o", b"e", b"x", b"i", b"f", b"w"
+
+
+class Gone(paramiko.SSHException):
+    """The keeper, or the SSH connection it held, is not there any more."""
+
+
+def send_frame(sock: socket.socket, kind: bytes, data: bytes, lock: threading.Lock) -> None:
+    with lock:
+        sock.sendall(HEADER.pack(kind, len(data)) + data)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def recv_frame(sock: socket.socket) -> tuple[bytes, bytes] | None:
+    head = recv_exact(sock, HEADER.size)
+    if head is None:
+        return None
+    kind, size = HEADER.unpack(head)
+    data = recv_exact(sock, size) if size else b""
+    return None if data is None else (kind, data)
+
+
+def read_line(sock: socket.socket, limit: int = 1 << 20) -> bytes:
+    """One line, read a byte at a time so that nothing after it is consumed."""
+    buf = bytearray()
+    while not buf.endswith(b"\n"):
+        b = sock.recv(1)
+        if not b or len(buf) > limit:
+            raise Gone("the keeper closed the connection")
+        buf += b
+    return bytes(buf)
+
+
+def ask(path: str, header: dict[str, Any], timeout: float) -> tuple[socket.socket, dict[str, Any]]:
+    """Open a connection to the keeper at ``path``, send ``header``, read its answer (at most
+    ``timeout`` seconds: a keeper whose link died silently must not hold the command)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(json.dumps(header).encode() + b"\n")
+        answer = json.loads(read_line(sock))
+        sock.settimeout(None)
+    except (OSError, ValueError) as exc:
+        sock.close()
+        raise Gone(f"keeper {path}: {type(exc).__name__}: {exc}") from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock, answer
+
+
+class RelayTransport:
+    """What Fabric and paramiko ask of a ``Transport``, served by a keeper.
+
+    ``renew``: called once when the keeper answers that its SSH connection is gone (the host
+    rebooted, the link dropped) before a channel started: it returns the socket of a keeper with
+    a fresh connection, so the command goes on without an error (nothing had run yet)."""
+
+    def __init__(self, path: str, timeout: float, renew: Callable[[], str]):
+        self.path, self.timeout, self.renew = path, timeout, renew
+        self.active = True
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def is_active(self) -> bool:
+        return self.active
+
+    def is_authenticated(self) -> bool:
+        return self.active
+
+    def set_keepalive(self, interval: int) -> None:
+        pass  # the keeper keeps its own connection alive
+
+    def open(self, header: dict[str, Any]) -> socket.socket:
+        if not self.active:
+            raise paramiko.SSHException("the connection is closed")
+        for attempt in (1, 2):
+            try:
+                sock, answer = ask(self.path, header, self.timeout)
+            except Gone:
+                answer, sock = {"ok": False, "lost": True, "error": "no keeper"}, None
+            if answer.get("ok") and sock is not None:
+                with self._lock:
+                    self._open.add(sock)
+                return sock
+            if sock is not None:
+                sock.close()
+            if not answer.get("lost") or attempt == 2:
+                raise paramiko.SSHException(str(answer.get("error") or "refused by the host"))
+            self.path = self.renew()
+        raise AssertionError("unreachable")
+
+    def forget(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open.discard(sock)
+
+    def open_session(self, window_size: int | None = None, max_packet_size: int | None = None,
+                     timeout: float | None = None) -> RelayChannel:
+        return RelayChannel(self)
+
+    def open_channel(self, kind: str, dest_addr: tuple[str, int] | None = None,
+                     src_addr: tuple[str, int] | None = None, window_size: int | None = None,
+                     max_packet_size: int | None = None,
+                     timeout: float | None = None) -> RelayChannel | socket.socket:
+        if kind == "session":
+            return RelayChannel(self)
+        if kind != "direct-tcpip" or dest_addr is None:
+            raise paramiko.SSHException(f"a kept connection does not open {kind!r} channels")
+        return self.open({"op": "direct-tcpip", "dest": list(dest_addr),
+                          "src": list(src_addr or ("127.0.0.1", 0))})
+
+    def open_sftp_client(self) -> paramiko.SFTPClient:
+        # SFTPClient reads and writes any socket-like object (paramiko's sftp_client.py)
+        return paramiko.SFTPClient(self.open({"op": "subsystem", "name": "sftp"}))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Closes this command's channels; the keeper and its other clients go on."""
+        self.active = False
+        with self._lock:
+            socks, self._open = list(self._open), set()
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+class RelayChannel:
+    """A session channel (exec, shell, subsystem) carried by a keeper: the part of paramiko's
+    ``Channel`` that Fabric's runner and ``SFTPClient`` use."""
+
+    def __init__(self, transport: RelayTransport):
+        self.transport = transport
+        self.sock: socket.socket | None = None
+        self.raw = False  # subsystem: bytes pass as they are
+        self.pty: list[Any] | None = None
+        self.env: dict[str, str] = {}
+        self.out, self.err = bytearray(), bytearray()
+        self.status: int | None = None
+        self.closed = self.eof_received = False
+        self.timeout: float | None = None
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+
+    # what comes before the start
+    def get_pty(self, term: str = "vt100", width: int = 80, height: int = 24,
+                width_pixels: int = 0, height_pixels: int = 0) -> None:
+        self.pty = [term, width, height]
+
+    def update_environment(self, environment: dict[str, str]) -> None:
+        self.env.update(environment)
+
+    def set_environment_variable(self, name: str, value: str) -> None:
+        self.env[name] = value
+
+    def exec_command(self, command: str) -> None:
+        self._start({"op": "exec", "command": command, "pty": self.pty, "env": self.env})
+
+    def invoke_shell(self) -> None:
+        self._start({"op": "shell", "pty": self.pty or ["vt100", 80, 24], "env": self.env})
+
+    def invoke_subsystem(self, subsystem: str) -> None:
+        self.sock = self.transport.open({"op": "subsystem", "name": subsystem})
+        self.raw = True
+
+    def _start(self, header: dict[str, Any]) -> None:
+        self.sock = self.transport.open(header)
+        threading.Thread(target=self._pump, daemon=True, name="relay-channel").start()
+
+    def _pump(self) -> None:
+        assert self.sock is not None
+        try:
+            while (frame := recv_frame(self.sock)) is not None:
+                kind, data = frame
+                with self._cond:
+                    if kind == STDOUT:
+                        self.out += data
+                    elif kind == STDERR:
+                        self.err += data
+                    elif kind == STATUS:
+                        self.status = int(data)
+                    self._cond.notify_all()
+        except OSError:
+            pass
+        with self._cond:
+            self.closed = self.eof_received = True
+            self._cond.notify_all()
+        self.transport.forget(self.sock)
+
+    # reading
+    def _take(self, buf: bytearray, n: int) -> bytes:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        with self._cond:
+            while not buf and not self.closed:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError()
+                self._cond.wait(left)
+            data = bytes(buf[:n])
+            del buf[:n]
+            return data
+
+    def recv(self, nbytes: int) -> bytes:
+        if self.raw:
+            assert self.sock is not None
+            return self.sock.recv(nbytes)
+        return self._take(self.out, nbytes)
+
+    def recv_stderr(self, nbytes: int) -> bytes:
+        return self._take(self.err, nbytes)
+
+    def recv_ready(self) -> bool:
+        return bool(self.out)
+
+    def recv_stderr_ready(self) -> bool:
+        return bool(self.err)
+
+    def exit_status_ready(self) -> bool:
+        return self.status is not None or self.closed
+
+    def recv_exit_status(self) -> int:
+        """The exit status; -1 when the channel closed without one (the link was lost)."""
+        with self._cond:
+            while self.status is None and not self.closed:
+                self._cond.wait()
+            return -1 if self.status is None else self.status
+
+    # writing
+    def _frame(self, kind: bytes, data: bytes) -> None:
+        if self.sock is None:
+            raise paramiko.SSHException("the channel has not started")
+        send_frame(self.sock, kind, data, self._send_lock)
+
+    def send(self, data: bytes | str) -> int:
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        if self.raw:
+            assert self.sock is not None
+            return self.sock.send(raw)
+        self._frame(STDIN, raw)
+        return len(raw)
+
+    def sendall(self, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        if self.raw:
+            assert self.sock is not None
+            self.sock.sendall(raw)
+        else:
+            self._frame(STDIN, raw)
+
+    def shutdown_write(self) -> None:
+        if self.sock is not None and not self.raw:
+            self._frame(EOF, b"")
+
+    def resize_pty(self, width: int = 80, height: int = 24, width_pixels: int = 0,
+                   height_pixels: int = 0) -> None:
+        self._frame(WINDOW, json.dumps([width, height]).encode())
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        if self.raw and self.sock is not None:
+            self.sock.settimeout(timeout)
+
+    def gettimeout(self) -> float | None:
+        return self.timeout
+
+    def fileno(self) -> int:
+        assert self.sock is not None
+        return self.sock.fileno()
+
+    def get_transport(self) -> RelayTransport:
+        return self.transport
+
+    def close(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+            self.transport.forget(self.sock)
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    @property
+    def active(self) -> bool:
+        return not self.closed
