@@ -18,6 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 CI = os.environ.get("CI") == "true"
+
+# The program keeps a connection open per host (remote/keep.py) for 10 minutes by default. The
+# suite's tests each use a state dir of their own, so a kept connection would only linger: they
+# connect afresh, and tests/sandbox/test_keep.py turns keeping on where it is what is tested.
+# Any keeper lives under the sandbox dir, where stop_all ends it.
+os.environ.setdefault("GPU_PROVISION_KEEP", "0")
+os.environ.setdefault("GPU_PROVISION_RUN_DIR", str(harness.keeper_dir()))
 ALLOWED_SKIPS = ROOT / "tests" / "allowed_skips.txt"
 
 

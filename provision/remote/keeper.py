@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -268,6 +269,8 @@ def main() -> int:
     info = {"host": target.name, "address": f"{target.user}@{target.host}:{target.port}",
             "pin": target.pin_name, "known_hosts": spec["known_hosts"], "path": path}
     keeper = Keeper(conn, transport, info, spec["keep"], spec["timeout"])
+    signal.signal(signal.SIGTERM, lambda *_: setattr(keeper, "stopping", True))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal that started us
     _say("ready " + path)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # the command that started us may wait for its pipes to close

@@ -69,10 +69,18 @@ def read_line(sock: socket.socket, limit: int = 1 << 20) -> bytes:
     return bytes(buf)
 
 
+class Sock(socket.socket):
+    """A Unix socket that carries one channel as it is (SFTP, a forward): paramiko's SFTPClient
+    names its channel in its log lines."""
+
+    def get_name(self) -> str:
+        return "kept"
+
+
 def ask(path: str, header: dict[str, Any], timeout: float) -> tuple[socket.socket, dict[str, Any]]:
     """Open a connection to the keeper at ``path``, send ``header``, read its answer (at most
     ``timeout`` seconds: a keeper whose link died silently must not hold the command)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = Sock(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
         sock.connect(path)

@@ -565,8 +565,45 @@ def stop_started() -> None:
             _STARTED.remove(hid)
 
 
+def keeper_dir() -> Path:
+    """Where the program's kept connections of the tests live: under the sandbox dir, so that a
+    keeper left running is found like any other sandbox process (and stopped by stop_all)."""
+    return sandbox_dir() / "k"
+
+
+def keeper_pids(under: Path | None = None) -> list[int]:
+    """Keeper processes (python -m provision.remote.keeper RUN_DIR) whose run dir is under
+    ``under`` (default: the sandbox dir)."""
+    base = str(under or sandbox_dir())
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if "provision.remote.keeper" in args and any(a.startswith(base) for a in args):
+            found.append(int(d.name))
+    return found
+
+
+def stop_keepers(under: Path | None = None) -> None:
+    """End the keepers the tests started (their idle time may not have run out yet)."""
+    for pid in keeper_pids(under):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5
+    while keeper_pids(under) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def stop_all() -> None:
     from . import mirror
+    stop_keepers()
     for info in running():
         stop(info.id)
     hosts = sandbox_dir() / "hosts"
