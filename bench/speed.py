@@ -613,6 +613,24 @@ def cold_report(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def keep_section(infos: list[harness.HostInfo], rtts: list[int], runs: int, hosts: int,
+                 many_rtt: int) -> str:
+    from bench.keep_speed import keep_link, keep_many, keep_report
+    gp = str(BIN / "gpu-provision")
+    links = {}
+    for rtt in rtts:
+        print(f"measuring kept connections at {rtt} ms RTT ...", flush=True)
+        links[rtt] = keep_link(infos[0], rtt, runs, gp, ssh_argv(infos[0]), ENV, WORK, timed)
+    many_row = None
+    if hosts > 1:
+        while len(infos) < hosts:
+            infos.append(harness.start("cpu-only"))
+        print(f"measuring {hosts} hosts' facts with warm keepers at {many_rtt} ms ...", flush=True)
+        many_row = keep_many(infos[:hosts], many_rtt, runs, gp, ENV, WORK, timed)
+    print(json.dumps({"keep": links, "keep_many": many_row}))
+    return keep_report(links, many_row, many_rtt, runs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -620,7 +638,8 @@ def main() -> None:
     ap.add_argument("--hosts", default="1,4,16")
     ap.add_argument("--many-rtt", type=int, default=200)
     ap.add_argument("--only", default="startup,script,links,many",
-                    help="sections to measure; jobs (run and logs -f over the delay proxy) is extra")
+                    help="sections to measure; jobs (run and logs -f over the delay proxy) and "
+                         "keep (commands through a warm keeper, bench/keep_speed.py) are extra")
     ap.add_argument("--no-others", action="store_true", help="skip Ansible and pyinfra")
     ap.add_argument("--write", action="store_true", help="add a section to bench/RESULTS.md")
     ap.add_argument("--cold", metavar="PROFILES", help="only the cold bootstrap, pip against uv, "
@@ -644,7 +663,7 @@ def main() -> None:
     if "startup" in only:
         print("measuring start-up ...", flush=True)
         results["startup"] = startup(max(a.runs, 10))
-    if only & {"script", "links", "many", "jobs"}:
+    if only & {"script", "links", "many", "jobs", "keep"}:
         problem = harness.why_unavailable()
         if problem:
             raise SystemExit(f"sandbox hosts unavailable: {problem}")
@@ -658,11 +677,14 @@ def main() -> None:
                 gpu = harness.start("ubuntu-22.04-rtx4090")
                 results["script"] = facts_script_alone([infos[0], gpu], a.runs)
                 harness.stop(gpu.id)
-            if only & {"links", "many", "jobs"}:
+            if only & {"links", "many", "jobs", "keep"}:
                 print(f"provisioning the bench host {infos[0].id} ...", flush=True)
                 provisioned(infos[0])
             if "jobs" in only:
                 results["jobs"] = jobs_section(infos[0], [int(x) for x in a.rtt.split(",")], a.runs)
+            if "keep" in only:
+                results["keep"] = keep_section(infos, [int(x) for x in a.rtt.split(",")], a.runs,
+                                               max(counts or [1]), a.many_rtt)
             if "links" in only:
                 results["links"] = {}
                 for rtt in (int(x) for x in a.rtt.split(",")):
@@ -681,6 +703,7 @@ def main() -> None:
         finally:
             harness.stop_all()
     text = report(results, a.runs) + (f"\n\n### Jobs\n\n{results['jobs']}" if "jobs" in results else "")
+    text += f"\n\n### Kept connections\n\n{results['keep']}" if "keep" in results else ""
     print(text)
     print(json.dumps(results, default=str))
     if a.write:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ import pytest
 
 from tests.conftest import ROOT, Hosts, gpu_provision
 from tests.sandbox import harness
+from tests.sandbox.proxy import TcpProxy
 from tests.sandbox.remote import wait_for_boot
 
 pytestmark = pytest.mark.sandbox
@@ -273,3 +277,85 @@ def test_ctrl_c_of_one_client_leaves_the_keepers_other_channels(hosts: Hosts, ke
     assert ex.run(Command(("true",)), step="after").exit_code == 0
     ex.conn.close()
     assert len(kept.pids()) == 1 and kept.listed()[0]["channels"] == 0
+
+
+class SilentProxy(TcpProxy):
+    """A NAT or proxy that forgets the connections open now without a word (no FIN, no RST):
+    what they carry is dropped; new connections pass."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.silenced: set[socket.socket] = set()
+        super().__init__(target)
+
+    def silence(self) -> None:
+        with self.lock:
+            self.silenced |= set(self.conns)
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if src not in self.silenced:
+                    dst.sendall(data)
+        except OSError:
+            pass
+        if src not in self.silenced:
+            self._close(src, dst)
+
+
+def test_a_silently_dropped_link_is_replaced_within_the_timeout(hosts: Hosts, kept: Kept,
+                                                               tmp_path: Path) -> None:
+    info = hosts.get("cpu-only")
+    proxy = SilentProxy((info.host, info.port))
+    try:
+        inv = info.inventory_with(tmp_path / "via.yaml", host="127.0.0.1", port=proxy.port)
+        kept.ok("-H", inv, "facts", "--json")
+        [first] = kept.pids()
+        proxy.silence()  # the keeper's connection now leads nowhere, and it cannot tell yet
+        before, started = handshakes(info), time.monotonic()
+        r = kept.ok("-t", "3", "-H", inv, "facts", "--json")
+        assert json.loads(r.stdout)["hostname"] == info.id and r.stderr == ""
+        # it waited out the timeout on the dead link (no sooner: nothing had told it), no longer
+        assert 3 <= time.monotonic() - started < 3 + 20
+        assert handshakes(info) == before + 1
+        harness.wait_until(lambda: first not in kept.pids(), "the old keeper to end", timeout=15)
+    finally:
+        proxy.close()
+
+
+def test_forwards_and_pty_shells_ride_the_keeper(hosts: Hosts, kept: Kept,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from provision.config.inventory import load_inventory
+    from provision.remote.connection import connect
+    from provision.remote.keep import KeptConnection
+
+    info = hosts.get("cpu-only")
+    kept.ok("-H", info.inventory, "facts", "--json")
+    before = handshakes(info)
+    for k, v in {**kept.env, "GPU_PROVISION_HOME": str(kept.home)}.items():
+        monkeypatch.setenv(k, v)
+    conn = connect(load_inventory(Path(info.inventory)))
+    assert isinstance(conn, KeptConnection)
+    try:
+        # a local port forwarded through the host to the mirror (direct-tcpip)
+        mirror = urllib.parse.urlsplit(info.mirror["pypi"])
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            local = s.getsockname()[1]
+        with conn.forward_local(local, remote_port=mirror.port, remote_host="127.0.0.1"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}{mirror.path}/",
+                                        timeout=30) as page:
+                assert page.status == 200 and b"<a " in page.read()
+        # an interactive shell on a pty
+        chan = conn.transport.open_session()
+        chan.get_pty("xterm", 100, 30)
+        chan.invoke_shell()
+        chan.resize_pty(120, 40)
+        chan.sendall("stty size; echo kept-$((40+2)); exit 3\n")
+        out = b""
+        while data := chan.recv(4096):
+            out += data
+        assert b"40 120" in out and b"kept-42" in out
+        assert chan.recv_exit_status() == 3
+    finally:
+        conn.close()
+    assert handshakes(info) == before
