@@ -26,7 +26,9 @@ from . import relay
 from .relay import EOF, STATUS, STDERR, STDIN, STDOUT, WINDOW
 
 POLL = 0.5  # seconds between looks at the idle clock and the connection
-PROBE_EVERY, PROBE_WAIT = 20.0, 10.0  # while idle, ask the server for an answer this often
+# ask the server for an answer this often; without one in time (longer behind a busy transfer)
+# the connection is taken for dead
+PROBE_EVERY, PROBE_WAIT, PROBE_WAIT_BUSY = 20.0, 10.0, 60.0
 
 
 class Keeper:
@@ -40,6 +42,7 @@ class Keeper:
         self.spare: paramiko.Channel | None = None
         self.stopping = False
         self.probed = time.monotonic()
+        self.probe: tuple[threading.Event, float, float] | None = None
 
     # a spare session channel, opened ahead: a command's exec then costs one round trip, not two
     def _fill_spare(self) -> None:
@@ -82,25 +85,32 @@ class Keeper:
             return True  # the host went away: the next command connects afresh
         with self.lock:
             busy = self.channels > 0
-        if busy:
-            return False
-        if time.time() - self.last >= self.keep:
+        if not busy and time.time() - self.last >= self.keep:
             return True
-        if time.monotonic() - self.probed >= PROBE_EVERY:
-            self.probed = time.monotonic()
-            return not self._answers()
+        now = time.monotonic()
+        if self.probe is not None:
+            answered, asked, wait = self.probe
+            if answered.is_set():
+                self.probe = None
+            elif now - asked > wait:
+                return True  # no answer: the link is dead, though nothing said so
+        elif now - self.probed >= PROBE_EVERY:
+            # also while busy: a channel stuck on a dead link would otherwise hold us forever
+            self.probed = now
+            self.probe = (self._ask_server(), now, PROBE_WAIT_BUSY if busy else PROBE_WAIT)
         return False
 
-    def _answers(self) -> bool:
-        """A link that a proxy or NAT dropped while idle sends no reset: ask the server for a
-        reply, and give up on the connection when none comes in time."""
-        done = threading.Event()
+    def _ask_server(self) -> threading.Event:
+        """A link that a proxy or NAT dropped sends no reset: ask the server for a reply (any
+        reply, even a refusal, says it is there); the event is set when one comes."""
+        answered = threading.Event()
 
         def probe() -> None:
             self.transport.global_request("keepalive@openssh.com", wait=True)
-            done.set()
+            if self.transport.is_active():
+                answered.set()
         threading.Thread(target=probe, daemon=True).start()
-        return done.wait(PROBE_WAIT) and self.transport.is_active()
+        return answered
 
     def _handle(self, client: socket.socket) -> None:
         try:
