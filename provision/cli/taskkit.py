@@ -246,9 +246,14 @@ def notify(msg: str) -> None:
 
 def session_of(c: Any) -> AbstractContextManager[Session]:
     """One session on the task's host, logging under this run."""
+    target = target_of(c)
+    from ..remote.connection import default_timeout, known_hosts_path
+    from ..remote.keep import prepare
+    # the host's keeper starts while the rest loads
+    prepare(target, known_hosts_path(), target.connect_timeout or default_timeout())
     from ..setup.session import session
     from ..store import Store
-    return session(target_of(c), Store(), notify)
+    return session(target, Store(), notify)
 
 
 def overrides(**given: str | None) -> Overrides:

@@ -19,14 +19,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import paramiko
 from fabric import Connection
 from paramiko.hostkeys import HostKeys
 
-from ..config.inventory import Target
 from ..config.shipped import state_dir
 from ..errors import SSHError
+
+if TYPE_CHECKING:  # the inventory module is not loaded by a keeper (keeper.py), which starts fast
+    from ..config.inventory import Target
 
 AUTH_REFUSED, HOST_KEY_CHANGED, REFUSED = "auth refused", "host key changed", "connection refused"
 TIMEOUT, NOT_RESOLVED, SSH_FAILED = "timeout", "name not resolved", "ssh failed"

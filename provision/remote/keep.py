@@ -34,15 +34,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import paramiko
 from fabric import Connection
 from paramiko.hostkeys import HostKeys
 
-from ..config.inventory import Target
 from ..errors import ProvisionError, SSHError
 from .relay import Gone, RelayTransport, ask
+
+if TYPE_CHECKING:
+    from ..config.inventory import Target
 
 DEFAULT_KEEP = 600
 MAX_KEEP = 86400
@@ -195,28 +197,76 @@ def stop(path: str) -> bool:
     return True
 
 
+_EARLY: dict[str, tuple[subprocess.Popen[bytes], Any]] = {}  # identity -> (keeper, its lock)
+
+
+def _find(target: Target, ident: str, timeout: float, known_hosts: Path) -> str | None:
+    pin = pinned_key(target, known_hosts)
+    path = socket_for(ident, pin) if pin else None
+    return path if path and os.path.exists(path) and _alive(path, timeout) else None
+
+
+def _usable(target: Target) -> Path | None:
+    if not hasattr(socket, "AF_UNIX") or keep_seconds(target) == 0:
+        return None
+    return run_dir()
+
+
+def prepare(target: Target, known_hosts: Path) -> None:
+    """Start the host's keeper now, when there is none, so that it loads and connects while the
+    command loads the rest of itself; ``kept`` then waits for it. Never raises."""
+    try:
+        d = _usable(target)
+        timeout = target.connect_timeout or _default_timeout()
+        ident = identity(target, known_hosts)
+        if d is None or ident in _EARLY or _find(target, ident, timeout, known_hosts):
+            return
+        lock = open(d / f"{ident[:NAME_LEN]}.lock", "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another command is starting it
+        except OSError:
+            lock.close()
+            return
+        proc = _launch(target, ident, timeout, known_hosts)
+        if proc is None:
+            lock.close()
+            return
+        _EARLY[ident] = (proc, lock)
+    except (OSError, ProvisionError):
+        return
+
+
+def _default_timeout() -> int:
+    from .connection import default_timeout
+    return default_timeout()
+
+
 def kept(target: Target, timeout: int, notify: Callable[[str], None] | None,
          known_hosts: Path) -> Connection | None:
     """A connection through this host's keeper, started now if there is none; None when
     keeping is off or cannot be had here (the caller connects fresh, silently). A failure to
     connect is the SSHError a fresh connection would raise."""
-    if not hasattr(socket, "AF_UNIX") or keep_seconds(target) == 0:
-        return None
-    d = run_dir()
+    d = _usable(target)
     if d is None:
         return None
     ident = identity(target, known_hosts)
 
-    def find() -> str | None:
-        pin = pinned_key(target, known_hosts)
-        path = socket_for(ident, pin) if pin else None
-        return path if path and os.path.exists(path) and _alive(path, timeout) else None
-
     def start() -> str | None:
+        early = _EARLY.pop(ident, None)
+        if early is not None:
+            proc, lock = early
+            try:
+                return _await(target, proc, timeout, notify)
+            finally:
+                lock.close()  # and with it the lock
         with _locked(d / f"{ident[:NAME_LEN]}.lock"):
-            return find() or _spawn(target, ident, timeout, notify, known_hosts)
+            found = _find(target, ident, timeout, known_hosts)
+            if found:
+                return found
+            launched = _launch(target, ident, timeout, known_hosts)
+            return None if launched is None else _await(target, launched, timeout, notify)
 
-    path = find() or start()
+    path = (None if ident in _EARLY else _find(target, ident, timeout, known_hosts)) or start()
     if path is None:
         return None
 
@@ -231,14 +281,14 @@ def kept(target: Target, timeout: int, notify: Callable[[str], None] | None,
     return KeptConnection(target, relay)
 
 
-def _spawn(target: Target, ident: str, timeout: int, notify: Callable[[str], None] | None,
-           known_hosts: Path) -> str | None:
+def _launch(target: Target, ident: str, timeout: float,
+            known_hosts: Path) -> subprocess.Popen[bytes] | None:
     d = run_dir()
     spec = {"target": {"name": target.name, "host": target.host, "port": target.port,
                        "user": target.user, "key": target.key, "password_env": target.password_env,
                        "source": str(target.source) if target.source else None,
                        "connect_timeout": target.connect_timeout, "password": target.password,
-                       "passphrase": target.passphrase, "keep": target.keep},
+                       "passphrase": target.passphrase, "pin_name": target.pin_name},
             "identity": ident, "timeout": timeout, "keep": keep_seconds(target),
             "known_hosts": str(known_hosts)}
     try:
@@ -249,10 +299,21 @@ def _spawn(target: Target, ident: str, timeout: int, notify: Callable[[str], Non
                                 env={**os.environ, "PYTHONPATH": _import_root()})
     except OSError:
         return None
-    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdin is not None
     try:
-        proc.stdin.write(json.dumps(spec).encode() + b"\n")
+        proc.stdin.write(json.dumps(spec).encode() + b"\n")  # the password, if any: never argv
         proc.stdin.close()
+    except OSError:
+        return None
+    return proc
+
+
+def _await(target: Target, proc: subprocess.Popen[bytes], timeout: float,
+           notify: Callable[[str], None] | None) -> str | None:
+    """The keeper's socket once it is connected; its SSHError when it could not connect; None
+    when it ended without a word (the caller connects fresh)."""
+    assert proc.stdout is not None
+    try:
         for raw in proc.stdout:
             kind, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
             if kind == "notify" and notify:
@@ -262,7 +323,7 @@ def _spawn(target: Target, ident: str, timeout: int, notify: Callable[[str], Non
             elif kind == "error":
                 e = json.loads(rest)
                 raise SSHError(e["host"], e["kind"], e["message"])
-        return None  # it ended without a word: connect fresh instead
+        return None
     finally:
         proc.stdout.close()
         try:

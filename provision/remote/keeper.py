@@ -17,13 +17,17 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import paramiko
 
 from . import relay
 from .relay import EOF, STATUS, STDERR, STDIN, STDOUT, WINDOW
+
+if TYPE_CHECKING:
+    from ..config.inventory import Target
 
 POLL = 0.5  # seconds between looks at the idle clock and the connection
 # ask the server for an answer this often; without one in time (longer behind a busy transfer)
@@ -252,8 +256,25 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
+@dataclass(frozen=True)
+class Login:
+    """What ``connect`` reads of an inventory's Target, as the command that started us resolved
+    it (pin name included): the inventory is not read again, and its modules are not loaded."""
+
+    name: str
+    host: str
+    port: int
+    user: str
+    key: str | None
+    password_env: str | None
+    source: Path | None
+    connect_timeout: int | None
+    password: str | None
+    passphrase: str | None
+    pin_name: str
+
+
 def main() -> int:
-    from ..config.inventory import Target
     from ..errors import SSHError
     from .connection import connect
     from .keep import bind, socket_for
@@ -262,10 +283,10 @@ def main() -> int:
         os._exit(0)
     spec = json.loads(sys.stdin.readline())
     source = spec["target"].pop("source")
-    target = Target(**{**spec["target"], "source": Path(source) if source else None})
+    target = Login(**{**spec["target"], "source": Path(source) if source else None})
     try:
-        conn = connect(target, notify=lambda m: _say("notify " + m), timeout=spec["timeout"],
-                       keep=False)
+        conn = connect(cast("Target", target), notify=lambda m: _say("notify " + m),
+                       timeout=spec["timeout"], keep=False)
     except SSHError as exc:
         message = str(exc).removeprefix(f"{exc.host}: {exc.kind}: ")
         _say("error " + json.dumps({"host": exc.host, "kind": exc.kind, "message": message}))
