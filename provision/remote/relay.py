@@ -17,6 +17,7 @@ error and whether the SSH connection behind it is gone). After that:
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 import threading
@@ -70,11 +71,15 @@ def read_line(sock: socket.socket, limit: int = 1 << 20) -> bytes:
 
 
 class Sock(socket.socket):
-    """A Unix socket that carries one channel as it is (SFTP, a forward): paramiko's SFTPClient
-    names its channel in its log lines."""
+    """A Unix socket that carries one channel as it is (SFTP, a forward), with the two Channel
+    methods paramiko's SFTP code asks of its channel besides recv/send/close (sftp_client.py:
+    get_name in its log lines; sftp_file.py: recv_ready in a pipelined write)."""
 
     def get_name(self) -> str:
         return "kept"
+
+    def recv_ready(self) -> bool:
+        return bool(select.select([self], [], [], 0)[0])
 
 
 def ask(path: str, header: dict[str, Any], timeout: float) -> tuple[socket.socket, dict[str, Any]]:

@@ -97,7 +97,7 @@ def test_many_commands_one_handshake_then_keepers_stop(hosts: Hosts, kept: Kept,
     kept.ok("-H", info.inventory, "jobs", "--json")
     data = tmp_path / "data"
     data.mkdir()
-    (data / "a.bin").write_bytes(os.urandom(300_000))
+    (data / "a.bin").write_bytes(os.urandom(5_000_000))  # > 100 pipelined SFTP writes
     kept.ok("-H", info.inventory, "sync", "up", str(data), "--dest", "/root/kept-data",
             "--transport", "sftp")
     assert info.path("/root/kept-data/a.bin").read_bytes() == (data / "a.bin").read_bytes()
@@ -359,3 +359,26 @@ def test_forwards_and_pty_shells_ride_the_keeper(hosts: Hosts, kept: Kept,
     finally:
         conn.close()
     assert handshakes(info) == before
+
+
+def test_commands_at_once_share_one_keeper_per_host(hosts: Hosts, kept: Kept,
+                                                    tmp_path: Path) -> None:
+    info = hosts.get("cpu-only")
+    other = info.inventory_with(tmp_path / "second.yaml")  # another identity: its own keeper
+    kept.ok("-H", info.inventory, "facts", "--json")  # pins the key
+    kept.ok("keepers", "--stop")
+    harness.wait_until(lambda: not kept.pids(), "the keeper to end")
+    before = handshakes(info)
+    env = dict(os.environ, GPU_PROVISION_HOME=str(kept.home), COLUMNS="200", **kept.env)
+    procs = [subprocess.Popen([sys.executable, "-m", "provision", "-H", inv, "facts", "--json"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for inv in (info.inventory,) * 3]
+    procs.append(subprocess.Popen([sys.executable, "-m", "provision", "-H",
+                                   f"{info.inventory},{other}", "facts", "--json"], cwd=ROOT,
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    assert handshakes(info) == before + 2  # one per identity, however many commands at once
+    assert sorted(k["host"] for k in kept.listed()) == sorted([info.id, "second"])
