@@ -212,12 +212,11 @@ def _usable(target: Target) -> Path | None:
     return run_dir()
 
 
-def prepare(target: Target, known_hosts: Path) -> None:
+def prepare(target: Target, known_hosts: Path, timeout: int) -> None:
     """Start the host's keeper now, when there is none, so that it loads and connects while the
     command loads the rest of itself; ``kept`` then waits for it. Never raises."""
     try:
         d = _usable(target)
-        timeout = target.connect_timeout or _default_timeout()
         ident = identity(target, known_hosts)
         if d is None or ident in _EARLY or _find(target, ident, timeout, known_hosts):
             return
@@ -234,11 +233,6 @@ def prepare(target: Target, known_hosts: Path) -> None:
         _EARLY[ident] = (proc, lock)
     except (OSError, ProvisionError):
         return
-
-
-def _default_timeout() -> int:
-    from .connection import default_timeout
-    return default_timeout()
 
 
 def kept(target: Target, timeout: int, notify: Callable[[str], None] | None,
