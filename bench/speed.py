@@ -20,11 +20,16 @@ run` (start a job and return) against `ssh host true` at each RTT, and the laten
 from the moment a job wrote a line (its own clock; the sandbox host is this machine) to the
 moment the reader printed it, median and 95th percentile.
 
+The keep section (``--only keep``, bench/keep_speed.py) times commands through a warm keeper
+(kept connections) against `ssh host true` at each RTT, the first command (which starts the
+keeper), and `facts` on --hosts' largest count of hosts with warm keepers against one host.
+
 Usage, as root in the checkout after `make test` (ansible-core and pyinfra are the `bench`
 extra; they are installed into .venv when missing):
 
     .venv/bin/python bench/speed.py [--runs 5] [--rtt 0,200] [--hosts 1,4,16] [--many-rtt 200]
-                                    [--only startup,script,links,many,jobs] [--no-others] [--write]
+                                    [--only startup,script,links,many,jobs,keep] [--no-others]
+                                    [--write]
 
 --write adds the figures, the machine and the date to bench/RESULTS.md as a new section above
 the earlier ones (which stay); the prose on targets is written by hand.
