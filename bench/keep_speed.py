@@ -8,7 +8,9 @@ For each RTT, rounds of (interleaved, so the machine's load weighs on each the s
 - the first command: `facts --json` with no keeper (it starts one and is served by it);
 - `facts --json --no-keep` (a fresh paramiko connection, as before keepers);
 - with the keeper warm: `facts --json`, `jobs --json`, a no-op `bootstrap`, `watch --once
-  --json`, `cost --json`, `logs JOB`.
+  --json`, `cost --json`, `logs JOB`;
+- the link alone: connect, run `true`, close, timed inside one process (no start-up), fresh and
+  through a warm keeper.
 Then, at --many-rtt, `facts` on 16 hosts (each behind its own proxy) with their keepers warm,
 against one host with its keeper warm.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,34 @@ from tests.sandbox.proxy import TcpProxy
 
 def _env(env: dict[str, str], work: Path, keep: int) -> dict[str, str]:
     return {**env, "GPU_PROVISION_KEEP": str(keep), "GPU_PROVISION_RUN_DIR": str(work / "k")}
+
+
+# one connect + `true` + close inside one process, fresh and kept: the link's share of a
+# command without the program's start-up (which the CLI rows above carry)
+LINK_ONLY = """
+import json, statistics, sys, time
+from pathlib import Path
+from provision.config.inventory import load_inventory
+from provision.remote.command import Command
+from provision.remote.connection import connect
+from provision.remote.executor import Executor
+target = load_inventory(Path(sys.argv[1]))
+c = connect(target); c.close()  # the keeper is warm (or keeping is off)
+xs = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    c = connect(target)
+    Executor(c, "bench").run(Command(("true",)), step="true")
+    c.close()
+    xs.append(time.perf_counter() - t)
+print(json.dumps(statistics.median(xs)))
+"""
+
+
+def link_only(inv: str, runs: int, env: dict[str, str], work: Path) -> float:
+    r = subprocess.run([sys.executable, "-c", LINK_ONLY, inv, str(max(runs, 5))], env=env,
+                       cwd=work, capture_output=True, text=True, timeout=600, check=True)
+    return float(json.loads(r.stdout))
 
 
 def keep_link(info: harness.HostInfo, rtt: int, runs: int, gp: str, ssh_argv: list[str],
@@ -56,7 +87,10 @@ def keep_link(info: harness.HostInfo, rtt: int, runs: int, gp: str, ssh_argv: li
             times["facts --no-keep"].append(timed([*host, "facts", "--json"], env=fresh))
             for name, argv in warm.items():
                 times[f"{name} (kept)"].append(timed([*host, *argv], env=kept))
-        return {k: statistics.median(v) for k, v in times.items()}
+        out = {k: statistics.median(v) for k, v in times.items()}
+        out["link only, fresh (in one process)"] = link_only(inv, runs, fresh, work)
+        out["link only, kept (in one process)"] = link_only(inv, runs, kept, work)
+        return out
     finally:
         harness.stop_keepers(work / "k")
         proxy.close()

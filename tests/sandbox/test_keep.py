@@ -322,6 +322,11 @@ def test_a_silently_dropped_link_is_replaced_within_the_timeout(hosts: Hosts, ke
         proxy.close()
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def test_forwards_and_pty_shells_ride_the_keeper(hosts: Hosts, kept: Kept,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from provision.config.inventory import load_inventory
@@ -342,6 +347,8 @@ def test_forwards_and_pty_shells_ride_the_keeper(hosts: Hosts, kept: Kept,
             s.bind(("127.0.0.1", 0))
             local = s.getsockname()[1]
         with conn.forward_local(local, remote_port=mirror.port, remote_host="127.0.0.1"):
+            # Fabric's forward_local returns before its listener is bound (tunnels.py)
+            harness.wait_until(lambda: _listening(local), "the forwarded port", timeout=30)
             with urllib.request.urlopen(f"http://127.0.0.1:{local}{mirror.path}/",
                                         timeout=30) as page:
                 assert page.status == 200 and b"<a " in page.read()
