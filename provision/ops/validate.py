@@ -55,7 +55,8 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
 
 
 # The GPU payload as it ships: the measuring scripts and, beside them, the verdict rules they import
-VALIDATE_PAYLOAD = ("validate_gpu.py", "gpu_verdict.py", "gpu_verdict_multi.py", "nccl_check.py")
+VALIDATE_PAYLOAD = ("validate_gpu.py", "gpu_smi.py", "gpu_verdict.py", "gpu_verdict_multi.py",
+                    "nccl_check.py")
 BENCH_PAYLOAD = (*VALIDATE_PAYLOAD, "bench_gpu.py")
 
 
