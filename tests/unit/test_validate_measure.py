@@ -145,3 +145,42 @@ def _fake_torch(monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_fixture_hosts_are_json() -> None:
     for host in HOSTS.iterdir():
         json.loads((host / "host.json").read_text())
+
+
+def test_events_of_another_device_time_nothing_and_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old mistake, timing GPU 1's matmuls with events of the current GPU 0: CUDA's events
+    then time an empty stream; the figure says so instead of dividing by zero."""
+    monkeypatch.setenv("FAKE_CUDA_HOST", str(HOSTS / "8xh100-one-throttled" / "host.json"))
+    torch = _fake_torch(monkeypatch)
+    vg = payload("validate_gpu")
+    a = torch.randn(1024, 1024, device=torch.device("cuda", 1), dtype=torch.float16)
+    got = vg.figure(torch, lambda: a @ a, 2 * 1024 ** 3)
+    assert got["rate"] is None
+    assert got["error"] == "the CUDA events timed no GPU time: the work did not run on this device"
+    with torch.cuda.device(1):
+        assert vg.figure(torch, lambda: a @ a, 2 * 1024 ** 3)["rate"] > 7e14
+
+
+def test_the_validate_step_writes_its_payload_and_runs_it(tmp_path: Path) -> None:
+    """The step's script as bootstrap runs it: every payload file written beside the others
+    under ~/.gpu-provision, validate_gpu.py importing them, one JSON line in $RESULT."""
+    import os
+    import subprocess
+    import sys
+
+    from provision.ops.validate import VALIDATE_PAYLOAD, validate_body
+    from tests.unit.gpu_payload import FAKE, libcuda
+    body = validate_body(sys.executable, _config(1), {"gpus": [H100]}, "inputs-hash")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NCCL_"))}
+    env.update(HOME=str(tmp_path), RESULT=str(tmp_path / "result"), PYTHONPATH=str(FAKE),
+               PATH=f"{FAKE / 'bin'}:{env['PATH']}", LD_LIBRARY_PATH=str(libcuda(tmp_path)),
+               FAKE_CUDA_HOST=str(HOSTS / "h100-mig" / "host.json"), FAKE_SMI_DIR=str(HOSTS / "h100-mig"))
+    r = subprocess.run(["bash", "-c", body], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {p.name for p in (tmp_path / ".gpu-provision").iterdir()} >= set(VALIDATE_PAYLOAD)
+    report = json.loads((tmp_path / "result").read_text())
+    assert report["schema"] == 3 and report["verdict"] == "PASS", report["checks"]
+    assert report["devices"][0]["uuid"] == "MIG-00000000-0000-0000-0000-000000000000"
+    assert json.loads(r.stdout.splitlines()[-1]) == report  # the step's log shows it too
+    journal = json.loads((tmp_path / ".gpu-provision" / "steps" / "verdict.json").read_text())
+    assert journal["inputs"] == "inputs-hash" and journal["result"] == report["verdict"]
