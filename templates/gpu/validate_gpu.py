@@ -1,6 +1,8 @@
 """gpu-provision validation, the measuring half: runs on the host in the provisioned env
 (Python 3.8+, torch only) and prints ONE line: the report of gpu_verdict.py (shipped beside it,
-which holds every verdict rule) on what this file measured. About a minute on an 8-GPU host.
+which holds every verdict rule) on what this file measured. About 10 s of load per GPU, and
+on 2+ GPUs the NCCL all-reduce (one spawned process per GPU; bounded at 90 s, each further rung
+of its ladder at 60 s).
 
 Argument 1 is the JSON config the provisioner renders (the validate step journals the verdict
 itself, templates/setup/validate.sh.j2):
