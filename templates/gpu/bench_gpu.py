@@ -9,7 +9,8 @@ or null (not measured, with the reason in
 
 Suite (fixed, so reports from different hosts compare):
 - matmul TFLOPS per dtype (fp32, tf32, fp16, bf16 where the GPU has them; CPU: fp32);
-- device memory, host-to-device bandwidth;
+- device memory; device-memory and host-to-device bandwidth (validate_gpu.gpu_figures: each
+  figure on GPU 0 itself, sustained, one that fails a note);
 - training throughput of a small CNN on generated MNIST-shaped data (batch 128, SGD);
 - inference latency of a small detection-sized conv net on generated 640x640 images, batch 1
   and 32;
