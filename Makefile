@@ -38,7 +38,7 @@ system-deps:
 	fi
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check provision tests bench templates
+	$(VENV)/bin/ruff check provision tests bench templates/gpu
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy templates/gpu/*.py
 
