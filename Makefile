@@ -38,8 +38,9 @@ system-deps:
 	fi
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check provision tests bench
+	$(VENV)/bin/ruff check provision tests bench templates/gpu
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy templates/gpu/*.py
 
 test: $(VENV)/.installed system-deps lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

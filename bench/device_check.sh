@@ -3,23 +3,28 @@
 #
 # 1. facts:    renders the facts script (provision.gather.facts_script with the shipped
 #              platforms), runs it with bash, parses it (parse_facts(...).as_json()).
-# 2. validate: renders templates/setup/validate.sh.j2 with the config the validate step computes
+# 2. nccl:     NCCL's start-up on every GPU the facts list: the payload's nccl_check.py
+#              --allreduce N (one process per GPU, init_process_group, an all-reduce), with
+#              NCCL_DEBUG=WARN; skipped without GPUs.
+# 3. validate: renders templates/setup/validate.sh.j2 with the config the validate step computes
 #              (validation_config for these facts and the default recipe) and runs it with bash.
-# 3. bench:    renders templates/gpu/bench.sh.j2 like the bench step (no mirrors: nothing is
+# 4. bench:    renders templates/gpu/bench.sh.j2 like the bench step (no mirrors: nothing is
 #              downloaded) and runs it with bash.
 #
-# Both run "$PYTHON" (default python3, which must have torch) the way the steps run the env's
+# All run "$PYTHON" (default python3, which must have torch) the way the steps run the env's
 # python. Every part has a time limit; a part that fails is recorded (exit code, stderr tail)
 # and the next runs. Files, flat in OUTDIR (default $OUT): facts-stdout.json, facts.json,
-# validate-stdout.txt, validate.json, bench-stdout.txt, bench.json, summary.json (and
-# fit-measure.json from the block at the end). One summary
-# line per part on stdout; exit 0 when every part ran and its JSON parsed.
+# validate-stdout.txt, validate.json, bench-stdout.txt, bench.json, summary.json (NCCL's
+# start-up result and its warnings in "parts"."nccl"), and fit-measure.json from the block at the
+# end. One summary line per part on stdout; exit 0 when every part ran and its JSON parsed.
 #
 # Needs bash, coreutils' timeout and a python with jinja2, pyyaml and packaging (Fabric and
 # paramiko are not needed: nothing here connects anywhere). Each step script writes what it
 # reports to $RESULT, as under the step runtime: here validate.result and bench.result.
 #
-# Limits (seconds): FACTS_TIMEOUT (120), VALIDATE_TIMEOUT (240), BENCH_TIMEOUT (240).
+# Limits (seconds): FACTS_TIMEOUT (60), NCCL_TIMEOUT (60), VALIDATE_TIMEOUT (150),
+# BENCH_TIMEOUT (150): with the three 20 s render parts and each part's 10 s kill grace these stay
+# under 550 s; the fit-measure block at the end has its own FIT_TIMEOUT.
 set -u
 
 out=${1:-${OUT:-}}
@@ -49,15 +54,15 @@ run() {
 }
 
 # -- 1. facts ---------------------------------------------------------------------------------
-run facts-render 60 "$py" -c 'import sys
+run facts-render 20 "$py" -c 'import sys
 
 from provision.facts.gather import facts_script
 from provision.config.recipes import all_platforms
 sys.stdout.write(facts_script(all_platforms(), (sys.argv[1],)))' "$work/data"
 cp "$work/facts-render.out" "$work/facts.sh"
-run facts "${FACTS_TIMEOUT:-120}" bash "$work/facts.sh"
+run facts "${FACTS_TIMEOUT:-60}" bash "$work/facts.sh"
 cp "$work/facts.out" "$out/facts-stdout.json"
-run facts-parse 60 "$py" -c 'import sys
+run facts-parse 20 "$py" -c 'import sys
 
 import json
 from provision.facts.host import parse_facts
@@ -68,17 +73,16 @@ facts = parse_facts(doc, markers_of(all_platforms()))
 json.dump(facts.as_json(), open(sys.argv[2], "w"), indent=1, default=str)' \
   "$work/facts.out" "$out/facts.json"
 
-# -- 2 and 3. the step scripts, rendered as the steps render them ----------------------------
-run render-steps 60 "$py" -c 'import sys
+# -- 2, 3 and 4. the step scripts, rendered as the steps render them ------------------------
+run render-steps 20 "$py" -c 'import sys
 
 import json
+from pathlib import Path
 from provision.facts.host import parse_facts
 from provision.facts.gather import markers_of
 from provision.config.inventory import Target, settings_for
-from provision.ops.validate import validation_config
-from provision.config.shipped import templates_dir
+from provision.ops.validate import BENCH_PAYLOAD, bench_body, payload, validate_body, validation_config
 from provision.config.recipes import all_platforms
-from provision.remote.templating import render
 work, py = sys.argv[1], sys.argv[2]
 try:
     facts = parse_facts(json.load(open(work + "/facts.out")), markers_of(all_platforms()))
@@ -90,20 +94,29 @@ else:
     settings = settings_for(Target(name="device-check", host="localhost"), facts.platform,
                             {"data_dir": work + "/data"})
     config = validation_config(facts, settings)
-script = (templates_dir() / "gpu/validate_gpu.py").read_text()
-open(work + "/validate.sh", "w").write(render(
-    "setup/validate.sh.j2", python_bin=py, script=script, config=json.dumps(config, sort_keys=True),
-    expected="{}", inputs="device-check"))
+Path(work + "/gpus").write_text(str(config["expected_gpus"]))
+Path(work + "/payload").mkdir(exist_ok=True)
+for name, text in payload(BENCH_PAYLOAD):  # for the NCCL start-up check, as the steps write it
+    Path(work + "/payload/" + name).write_text(text)
+Path(work + "/validate.sh").write_text(validate_body(py, config, {}, "device-check"))
 bench = {"data_dir": work + "/data", "mirrors": [], "download_mb": 1, "download_timeout": 5}
-open(work + "/bench.sh", "w").write(render(
-    "gpu/bench.sh.j2", python_bin=py, validate_script=script,
-    bench_script=(templates_dir() / "gpu/bench_gpu.py").read_text(),
-    config=json.dumps(bench, sort_keys=True)))' "$work" "$(command -v "$py" || echo "$py")"
+Path(work + "/bench.sh").write_text(bench_body(py, bench))' "$work" "$(command -v "$py" || echo "$py")"
 
-run validate "${VALIDATE_TIMEOUT:-240}" env HOME="$work/home" RESULT="$work/validate.result" \
+# NCCL's start-up: one process per GPU through init_process_group and an all-reduce, in the
+# words NCCL_DEBUG=WARN gives (the multi-GPU tier's first rung, alone)
+gpus=$(cat "$work/gpus" 2>/dev/null || echo 0)
+if [ "${gpus:-0}" -ge 1 ] 2>/dev/null; then
+  run nccl "${NCCL_TIMEOUT:-60}" env NCCL_DEBUG="${NCCL_DEBUG:-WARN}" \
+    "$py" "$work/payload/nccl_check.py" --allreduce "$gpus" nccl 16 5
+else
+  echo '{"skipped": "no GPU in the facts"}' >"$work/nccl.out"; : >"$work/nccl.err"
+  echo 0 >"$work/nccl.rc"; echo 0.0 >"$work/nccl.seconds"
+fi
+
+run validate "${VALIDATE_TIMEOUT:-150}" env HOME="$work/home" RESULT="$work/validate.result" \
   bash "$work/validate.sh"
 cp "$work/validate.out" "$out/validate-stdout.txt"
-run bench "${BENCH_TIMEOUT:-240}" env HOME="$work/home" RESULT="$work/bench.result" \
+run bench "${BENCH_TIMEOUT:-150}" env HOME="$work/home" RESULT="$work/bench.result" \
   bash "$work/bench.sh"
 cp "$work/bench.out" "$out/bench-stdout.txt"
 
@@ -131,7 +144,7 @@ def result_of(name):
     except (OSError, ValueError):
         return None
 
-parts = {n: part(n) for n in ("facts-render", "facts", "facts-parse", "render-steps",
+parts = {n: part(n) for n in ("facts-render", "facts", "facts-parse", "render-steps", "nccl",
                               "validate", "bench")}
 lines = []
 try:
@@ -145,6 +158,26 @@ except (OSError, ValueError, KeyError, TypeError) as exc:
 parts["facts"]["ok"] = ok
 lines.append(f"facts: {'done' if ok else 'FAILED'} (rc {parts['facts']['rc']}, "
              f"{parts['facts']['seconds']}s): {what}")
+
+n = parts["nccl"]
+try:
+    said = json.loads((open(f"{work}/nccl.out").read().strip().splitlines() or ["{}"])[-1])
+except (OSError, ValueError):
+    said = None
+warn = [ln for ln in n["stderr_tail"].splitlines() if "NCCL WARN" in ln]
+n["ok"] = n["rc"] == 0 and isinstance(said, dict) and (said.get("ok") or "skipped" in said)
+if isinstance(said, dict) and "skipped" in said:
+    what = f"skipped: {said['skipped']}"
+elif n["ok"]:
+    what = f"all-reduce correct, bus bandwidth {said.get('busbw_gbs')} GB/s"
+elif n["rc"] == 124:
+    what = "no answer in time (init or the all-reduce hung)"
+else:
+    what = (n["stderr_tail"].strip().splitlines() or ["no result"])[-1][:200]
+if warn:
+    what += f"; NCCL said: {warn[0].strip()[:200]}"
+n.update(result=said, nccl_warn=warn[:5])  # in summary.json: the device tool brings back 8 files
+lines.append(f"nccl: {'done' if n['ok'] else 'FAILED'} (rc {n['rc']}, {n['seconds']}s): {what}")
 
 for name, path in (("validate", "validate.json"), ("bench", "bench.json")):
     p = parts[name]
@@ -172,7 +205,7 @@ for name, path in (("validate", "validate.json"), ("bench", "bench.json")):
 
 summary = {"host": platform.node(), "python": sys.executable, "at": time.strftime(
     "%Y-%m-%dT%H:%M:%S%z"), "parts": parts, "lines": lines,
-    "ok": all(parts[n].get("ok") for n in ("facts", "validate", "bench"))}
+    "ok": all(parts[n].get("ok") for n in ("facts", "nccl", "validate", "bench"))}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print("\n".join(lines))
 sys.exit(0 if summary["ok"] else 1)

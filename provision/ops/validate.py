@@ -32,7 +32,6 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
     """Validation. Unless ``always``, it is skipped when the last run PASSed on this boot, less
     than REVALIDATE_AFTER ago, with the same GPUs, driver, env, torch, idle GPUs and config: the
     facts carry all of these, so a re-run that changes nothing costs one remote execution."""
-    script = (templates_dir() / "gpu/validate_gpu.py").read_text()
     expected = len(facts.gpus)
     config = validation_config(facts, settings)
     expect = verify_expectations(facts, lay, settings, choice)
@@ -44,10 +43,8 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
             and 0 <= age < REVALIDATE_AFTER:
         return nothing("validate", f"PASS {age / 60:.0f} min ago on this boot, and nothing it "
                        "checked has changed (`validate` measures again)", kept=Outcome(verdict="PASS"))
-    body = render("setup/validate.sh.j2", python_bin=lay.python_bin, script=script,
-                  config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
-                  inputs=h)
-    also = "; TFLOPS and bandwidth against the datasheet" if config["reference"] else ""
+    body = validate_body(lay.python_bin, config, expect, h)
+    also = "; TFLOPS and bandwidth against each model's healthy floor" if config["reference"] else ""
     what = f"{expected} GPU(s): torch imports, sees every GPU, matmul matches the CPU{also}" \
         if expected else "CPU mode: torch imports, the CPU build, a matmul on the CPU" \
         if not facts.has_nvidia_gpu else \
@@ -55,6 +52,30 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
     need = minimums_of(settings)
     return Step("validate", what, action="run validate_gpu.py", body=body, inputs=h,
                 read=lambda result: read_validation(result, need))
+
+
+# The GPU payload as it ships: the measuring scripts and, beside them, the verdict rules they import
+VALIDATE_PAYLOAD = ("validate_gpu.py", "gpu_smi.py", "gpu_verdict.py", "gpu_verdict_multi.py",
+                    "nccl_check.py")
+BENCH_PAYLOAD = (*VALIDATE_PAYLOAD, "bench_gpu.py")
+
+
+def payload(names: tuple[str, ...]) -> list[tuple[str, str]]:
+    return [(name, (templates_dir() / "gpu" / name).read_text()) for name in names]
+
+
+def validate_body(python_bin: str, config: Mapping[str, Any], expect: Mapping[str, Any],
+                  inputs: str) -> str:
+    """The validate step's script: writes the payload, runs validate_gpu.py with ``config``."""
+    return render("setup/validate.sh.j2", python_bin=python_bin, payload=payload(VALIDATE_PAYLOAD),
+                  config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
+                  inputs=inputs)
+
+
+def bench_body(python_bin: str, config: Mapping[str, Any]) -> str:
+    """The bench step's script: writes the payload, runs bench_gpu.py with ``config``."""
+    return render("gpu/bench.sh.j2", python_bin=python_bin, payload=payload(BENCH_PAYLOAD),
+                  config=json.dumps(config, sort_keys=True))
 
 
 def read_validation(result: Any, need: Mapping[str, float] | None = None) -> Outcome:
@@ -114,10 +135,7 @@ def bench_step(facts: HostFacts, lay: Layout, settings: Settings,
     mirrors += [{"kind": "pypi", "url": f"{b.rstrip('/')}/torch/"} for b in m.pypi]
     mirrors += [{"kind": "pytorch", "url": variant_index(b, variant, "torch")} for b in m.pytorch]
     config = {"data_dir": data_dir(facts, settings), "mirrors": mirrors, "download_mb": download_mb}
-    body = render("gpu/bench.sh.j2", python_bin=lay.python_bin,
-                  validate_script=(templates_dir() / "gpu/validate_gpu.py").read_text(),
-                  bench_script=(templates_dir() / "gpu/bench_gpu.py").read_text(),
-                  config=json.dumps(config, sort_keys=True))
+    body = bench_body(lay.python_bin, config)
     return Step("bench", f"the standard suite; {len(mirrors)} mirror(s), at most {download_mb} MiB "
                 "each", action="run bench_gpu.py", body=body, inputs=inputs_hash(config=config),
                 read=read_bench)
@@ -171,13 +189,34 @@ def parse_gpu_claim(claim: str | None) -> dict[str, Any] | None:
 
 
 @cache
-def _perf_table() -> dict[str, dict[str, Any]]:
+def _perf_table() -> tuple[float, dict[str, dict[str, Any]]]:
     raw = yaml.safe_load(data_file("gpu_perf.yaml").read_text())
-    return {k.lower(): v for k, v in raw["gpus"].items()}
+    return float(raw["floor_of_sustained"]), dict(raw["gpus"])
+
+
+def _words(name: str) -> frozenset[str]:
+    return frozenset(w for w in re.split(r"[\s_\-]+", name.lower()) if w)
+
+
+def gpu_model(name: str) -> str | None:
+    """The gpu_perf.yaml key for the GPU nvidia-smi calls ``name``: every word of the key a
+    whole word of the name, the key with most words winning ("L4" is not "NVIDIA L40";
+    "H100 NVL" beats "H100")."""
+    have = _words(name)
+    hits = [k for k in _perf_table()[1] if _words(k) <= have]
+    return max(hits, key=lambda k: len(_words(k)), default=None)
 
 
 def gpu_reference(name: str) -> dict[str, Any] | None:
-    """The datasheet figures for the GPU nvidia-smi calls ``name`` (longest fragment wins)."""
-    low = name.lower()
-    table = _perf_table()
-    return next((table[k] for k in sorted(table, key=len, reverse=True) if k in low), None)
+    """What validation judges a GPU by: the datasheet's dense peaks, the healthy floor per type
+    (floor_of_sustained x the published sustained figure), memory bandwidth, SM count, sources."""
+    model = gpu_model(name)
+    if model is None:
+        return None
+    share, table = _perf_table()
+    row = table[model]
+    floor = {k: round(share * v, 1) for k, v in (row.get("sustained") or {}).items() if v}
+    return {"model": model, "peak": dict(row.get("peak") or {}), "floor": floor,
+            "sustained": dict(row.get("sustained") or {}), "mem_gbs": row.get("mem_gbs"),
+            "sms": row.get("sms"), "memory_gb": row.get("memory_gb"), "source": row.get("source"),
+            "sustained_source": row.get("sustained_source")}

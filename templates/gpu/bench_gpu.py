@@ -3,12 +3,14 @@ next to validate_gpu.py whose measuring helpers it shares). Needs no downloads b
 mirror probes. Prints ONE line: a JSON object.
 
 Argument 1 is a JSON config: {"data_dir": str|null, "mirrors": [{"kind", "url"}],
-"download_mb": int, "download_timeout": seconds per mirror (default 20)}. Every figure is a number or null (not measured, with the reason in
+"download_mb": int, "download_timeout": seconds per mirror (default 20)}. Every figure is a number
+or null (not measured, with the reason in
 "notes"); "mode" says whether the GPU or the CPU ran the torch parts.
 
 Suite (fixed, so reports from different hosts compare):
 - matmul TFLOPS per dtype (fp32, tf32, fp16, bf16 where the GPU has them; CPU: fp32);
-- device memory, host-to-device bandwidth;
+- device memory; device-memory and host-to-device bandwidth (validate_gpu.gpu_figures: each
+  figure on GPU 0 itself, sustained, one that fails a note);
 - training throughput of a small CNN on generated MNIST-shaped data (batch 128, SGD);
 - inference latency of a small detection-sized conv net on generated 640x640 images, batch 1
   and 32;
@@ -17,6 +19,8 @@ Suite (fixed, so reports from different hosts compare):
 - download speed from each configured mirror (at most download_mb MiB each).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
@@ -24,12 +28,13 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import validate_gpu as vg  # noqa: E402
 
 
-def cnn(torch, device, steps, batch=128):
+def cnn(torch: Any, device: Any, steps: int, batch: int = 128) -> float:
     nn = torch.nn
     model = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -39,7 +44,7 @@ def cnn(torch, device, steps, batch=128):
     x = torch.randn(batch, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
 
-    def step():
+    def step() -> None:
         opt.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
@@ -54,7 +59,7 @@ def cnn(torch, device, steps, batch=128):
     return round(steps * batch / (time.perf_counter() - t0), 1)
 
 
-def detector(torch, device, batch, iters):
+def detector(torch: Any, device: Any, batch: int, iters: int) -> float:
     """Milliseconds per batch of a YOLO-sized (640x640, 255-channel head) conv net."""
     nn = torch.nn
     layers, c = [], 3
@@ -73,12 +78,12 @@ def detector(torch, device, batch, iters):
     return round((time.perf_counter() - t0) / iters * 1000, 2)
 
 
-def _sync(torch, device):
+def _sync(torch: Any, device: Any) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def disk(path, mib=256):
+def disk(path: str, mib: int = 256) -> tuple[float | None, float | None, str | None]:
     """MB/s writing ``mib`` MiB (fsync'd) and reading it back after dropping it from the cache."""
     f = os.path.join(path, f".gpu-provision-bench-{os.getpid()}")
     block = os.urandom(1048576)
@@ -105,7 +110,7 @@ def disk(path, mib=256):
             os.unlink(f)
 
 
-def single_core(seconds=0.5):
+def single_core(seconds: float = 0.5) -> float:
     """Millions of loop iterations per second of plain Python arithmetic (one core)."""
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -116,17 +121,17 @@ def single_core(seconds=0.5):
     return round(n / (time.perf_counter() - t0) / 1e6, 2)
 
 
-def _first_file(index_url, timeout):
+def _first_file(index_url: str, timeout: float) -> str:
     """The first file linked from a PEP 503 project page (the biggest thing a mirror serves)."""
     with urllib.request.urlopen(index_url, timeout=timeout) as r:
         page = r.read(2_000_000).decode("utf-8", "replace")
     m = re.search(r'href="([^"#]+\.(?:whl|tar\.gz|sh))', page)
     if not m:
         raise ValueError(f"no file linked from {index_url}")
-    return urllib.parse.urljoin(index_url, m.group(1))
+    return str(urllib.parse.urljoin(index_url, m.group(1)))
 
 
-def download(kind, url, mib, timeout=20):
+def download(kind: str, url: str, mib: int, timeout: float = 20) -> dict[str, Any]:
     """MB/s of the first ``mib`` MiB of the mirror's file (a project page is followed to its
     first file)."""
     started = time.perf_counter()
@@ -148,13 +153,25 @@ def download(kind, url, mib, timeout=20):
         return {"kind": kind, "url": url, "mb": 0, "mbs": None, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def run(cfg):
-    notes = []
-    out = {"schema": 1, "mode": "cpu", "torch": None, "cuda": None, "gpus": [], "tflops": {},
-           "memory_gb": None, "h2d_gbs": None, "train_samples_s": None, "infer_ms_b1": None,
-           "infer_ms_b32": None, "infer_images_s": None, "disk_write_mbs": None,
-           "disk_read_mbs": None, "cpu_cores": os.cpu_count(), "cpu_single_score": single_core(),
-           "downloads": [], "notes": notes}
+def _guarded(notes: list[str], what: str, fn: Callable[[], Any]) -> Any:
+    """One figure: its value, or None with the reason in the notes ("no kernel image", an OOM
+    on a GPU someone else uses, an Xid) - the other figures still run."""
+    try:
+        return fn()
+    except Exception as exc:
+        notes.append(f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+        return None
+
+
+def run(cfg: dict[str, Any]) -> dict[str, Any]:
+    notes: list[str] = []
+    out: dict[str, Any] = {
+        "schema": 2, "mode": "cpu", "torch": None, "cuda": None, "gpus": [], "tflops": {},
+        "memory_gb": None, "mem_gbs": None, "h2d_gbs": None, "train_samples_s": None,
+        "infer_ms_b1": None, "infer_ms_b32": None, "infer_images_s": None, "disk_write_mbs": None,
+        "disk_read_mbs": None, "cpu_cores": os.cpu_count(), "cpu_single_score": None,
+        "downloads": [], "notes": notes}
+    out["cpu_single_score"] = _guarded(notes, "cpu single core", single_core)
     data_dir = cfg.get("data_dir") or os.path.expanduser("~")
     if not os.path.isdir(data_dir):
         notes.append(f"data dir {data_dir} does not exist: disk measured in the home dir")
@@ -172,32 +189,49 @@ def run(cfg):
         notes.append(f"import torch failed: {exc!r}: no torch figures")
         return out
     out.update(torch=torch.__version__, cuda=torch.version.cuda)
-    gpu = torch.version.cuda is not None and torch.cuda.is_available()
+    gpu = bool(_guarded(notes, "cuda", lambda: torch.version.cuda is not None and torch.cuda.is_available()))
+    dev = torch.device("cpu")
+    steps, iters = 20, 2
     if gpu:
         out["mode"] = "gpu"
         dev = torch.device("cuda", 0)
-        props = torch.cuda.get_device_properties(0)
-        cap = torch.cuda.get_device_capability(0)
-        out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        out["memory_gb"] = round(props.total_memory / 1e9, 1)
-        out["tflops"] = vg.matmul_tflops(torch, dev, cap[0])
-        out["h2d_gbs"] = vg._h2d(torch, dev)
+        out["gpus"] = _guarded(notes, "gpu names", lambda: [torch.cuda.get_device_name(i) for i in
+                                                            range(torch.cuda.device_count())]) or []
+        props = _guarded(notes, "gpu 0 properties", lambda: torch.cuda.get_device_properties(0))
+        if props is not None:
+            out["memory_gb"] = round(props.total_memory / 1e9, 1)
+            figs = _guarded(notes, "gpu 0 figures",
+                            lambda: vg.gpu_figures(torch, 0, props.major, vg._uuid(props)))
+            if figs:
+                out["tflops"] = {k: v for k, v in figs["tflops"].items() if v is not None}
+                out["mem_gbs"], out["h2d_gbs"] = figs["mem_gbs"], figs["h2d_gbs"]
+                notes.extend(f"gpu 0 {n}" for n in figs["notes"])
         steps, iters = 200, 20
     else:
-        dev = torch.device("cpu")
         notes.append("no usable GPU: the torch figures are the CPU's")
-        out["tflops"]["fp32"] = round(vg.cpu_gflops(torch) / 1000, 3)
-        steps, iters = 20, 2
-    out["train_samples_s"] = cnn(torch, dev, steps)
-    out["infer_ms_b1"] = detector(torch, dev, 1, iters * 2)
-    out["infer_ms_b32"] = detector(torch, dev, 32, iters)
-    out["infer_images_s"] = round(32 / out["infer_ms_b32"] * 1000, 1)
+        cpu = _guarded(notes, "cpu matmul", lambda: vg.cpu_gflops(torch))
+        if cpu is not None:
+            out["tflops"]["fp32"] = round(cpu / 1000, 3)
+    out["train_samples_s"] = _guarded(notes, "train", lambda: cnn(torch, dev, steps))
+    out["infer_ms_b1"] = _guarded(notes, "inference batch 1", lambda: detector(torch, dev, 1, iters * 2))
+    out["infer_ms_b32"] = _guarded(notes, "inference batch 32", lambda: detector(torch, dev, 32, iters))
+    if out["infer_ms_b32"]:
+        out["infer_images_s"] = round(32 / out["infer_ms_b32"] * 1000, 1)
     return out
 
 
-if __name__ == "__main__":
-    config = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+def main(argv: list[str]) -> None:
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    config = json.loads(argv[1]) if len(argv) > 1 else {}
     started = time.perf_counter()
-    result = run(config)
+    try:
+        result = run(config)
+    except Exception as exc:  # always one JSON line: the provisioner reads nothing else
+        result = {"schema": 2, "mode": None, "tflops": {}, "downloads": [],
+                  "notes": [f"bench_gpu.py stopped: {type(exc).__name__}: {exc}"[:500]]}
     result["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -49,10 +49,10 @@ def test_it_writes_the_files_the_device_tool_brings_back(
     assert all(f.is_file() and re.fullmatch(r"[A-Za-z0-9._-]+", f.name)
                and f.stat().st_size < 16 << 20 for f in files)
     lines = result.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["facts", "validate", "bench", "fit-measure"]
-    assert all(" done (rc 0, " in line for line in lines[:3])
+    assert [line.split(":")[0] for line in lines] == ["facts", "nccl", "validate", "bench", "fit-measure"]
+    assert all(" done (rc 0, " in line for line in lines[:4])
     # fit --measure's hook needs a GPU: on this machine its block says so and fails nothing
-    assert lines[3].startswith("fit-measure: skipped (rc 0, ") and "needs one" in lines[3]
+    assert lines[4].startswith("fit-measure: skipped (rc 0, ") and "needs one" in lines[4]
     assert json.loads((out / "fit-measure.json").read_text())["small"] == {"gpu": False,
                                                                         "runs": []}
 
@@ -83,16 +83,18 @@ def test_without_torch_validate_and_bench_fail_cleanly(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ok"] is True
     assert {k: v["rc"] for k, v in summary["parts"].items()} == {
-        "facts-render": 0, "facts": 0, "facts-parse": 0, "render-steps": 0, "validate": 0,
-        "bench": 0}
+        "facts-render": 0, "facts": 0, "facts-parse": 0, "render-steps": 0, "nccl": 0,
+        "validate": 0, "bench": 0}
+    # no GPU in the facts: NCCL's start-up check is skipped, and says so
+    assert summary["parts"]["nccl"]["result"] == {"skipped": "no GPU in the facts"}
 
 
 def test_a_part_past_its_limit_is_recorded_and_the_others_still_run(tmp_path: Path) -> None:
     result = _run(tmp_path / "out", tmp_path, BENCH_TIMEOUT="0.01")
     assert result.returncode == 1
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("facts: done") and lines[1].startswith("validate: done")
-    assert lines[2].startswith("bench: FAILED (rc 124, ")
+    assert lines[0].startswith("facts: done") and lines[2].startswith("validate: done")
+    assert lines[3].startswith("bench: FAILED (rc 124, ")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["ok"] is False and summary["parts"]["bench"]["rc"] == 124
     assert not (tmp_path / "out" / "bench.json").exists()

@@ -73,7 +73,7 @@ def test_inventory_prices_are_per_machine() -> None:
                                ("inventories/a100.yaml", {"gpu": "A100 40GB x1",
                                                           "price_per_hour": 1.2})])
     assert offers == [Offer("RTX 3090", 24.0, 0.8, "CNY", "autodl", "my-3090s.yaml"),
-                      Offer("A100", 40.0, 1.2, None, None, "a100.yaml")]
+                      Offer("A100 40GB", 40.0, 1.2, None, None, "a100.yaml")]
 
 
 def test_when_nothing_fits_each_change_is_priced() -> None:

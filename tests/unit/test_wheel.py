@@ -49,6 +49,9 @@ def test_wheel_ships_every_file_the_tasks_read(wheel: zipfile.ZipFile) -> None:
     )
     assert sorted(expected - names) == []
     assert {"provision/_templates/facts/facts.sh.j2", "provision/_templates/gpu/validate_gpu.py",
+            # the payload's verdict rules and NCCL ladder ship beside the script that imports them
+            "provision/_templates/gpu/gpu_verdict.py", "provision/_templates/gpu/gpu_verdict_multi.py",
+            "provision/_templates/gpu/nccl_check.py", "provision/_templates/gpu/gpu_smi.py", "provision/_templates/gpu/_payload.sh.j2",
             "provision/_recipes/pytorch.yaml", "provision/_recipes/platforms/autodl.yaml",
             "provision/verify/test_host.py", "provision/_inventories/example-4090.yaml",
             "provision/_published/lambda-h100-sxm.json"} <= names
