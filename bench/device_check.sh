@@ -22,9 +22,9 @@
 # paramiko are not needed: nothing here connects anywhere). Each step script writes what it
 # reports to $RESULT, as under the step runtime: here validate.result and bench.result.
 #
-# Limits (seconds): FACTS_TIMEOUT (60), NCCL_TIMEOUT (60), VALIDATE_TIMEOUT (150),
-# BENCH_TIMEOUT (150): with the three 20 s render parts and each part's 10 s kill grace these stay
-# under 550 s; the fit-measure block at the end has its own FIT_TIMEOUT.
+# Limits (seconds): FACTS_TIMEOUT (50), NCCL_TIMEOUT (60), VALIDATE_TIMEOUT (140),
+# BENCH_TIMEOUT (120), FIT_TIMEOUT (90): with the three 20 s render parts and each part's 10 s
+# kill grace the whole run stays under 580 s, inside one 600 s device call.
 set -u
 
 out=${1:-${OUT:-}}
@@ -60,7 +60,7 @@ from provision.facts.gather import facts_script
 from provision.config.recipes import all_platforms
 sys.stdout.write(facts_script(all_platforms(), (sys.argv[1],)))' "$work/data"
 cp "$work/facts-render.out" "$work/facts.sh"
-run facts "${FACTS_TIMEOUT:-60}" bash "$work/facts.sh"
+run facts "${FACTS_TIMEOUT:-50}" bash "$work/facts.sh"
 cp "$work/facts.out" "$out/facts-stdout.json"
 run facts-parse 20 "$py" -c 'import sys
 
@@ -113,10 +113,10 @@ else
   echo 0 >"$work/nccl.rc"; echo 0.0 >"$work/nccl.seconds"
 fi
 
-run validate "${VALIDATE_TIMEOUT:-150}" env HOME="$work/home" RESULT="$work/validate.result" \
+run validate "${VALIDATE_TIMEOUT:-140}" env HOME="$work/home" RESULT="$work/validate.result" \
   bash "$work/validate.sh"
 cp "$work/validate.out" "$out/validate-stdout.txt"
-run bench "${BENCH_TIMEOUT:-150}" env HOME="$work/home" RESULT="$work/bench.result" \
+run bench "${BENCH_TIMEOUT:-120}" env HOME="$work/home" RESULT="$work/bench.result" \
   bash "$work/bench.sh"
 cp "$work/bench.out" "$out/bench-stdout.txt"
 
@@ -218,7 +218,7 @@ PY
 # memory.used is sampled, then once at batch 16; the line fitted to the first three
 # (provision/fit/measure.py) predicts the fourth. The job holds 2 x 256 MiB per sample at its
 # peak (x and x * 2), so the slope should come out near 0.5 GiB per sample. File:
-# fit-measure.json; one more summary line. FIT_TIMEOUT (300).
+# fit-measure.json; one more summary line. FIT_TIMEOUT (90).
 fitdir="$work/fit"
 mkdir -p "$fitdir/hook"
 cp "$repo/templates/fit/measure_hook.py" "$fitdir/hook/sitecustomize.py"
@@ -238,21 +238,21 @@ import json, subprocess, sys
 repo, d, out, py = sys.argv[1:5]
 from provision.fit.measure import predict, read_runs
 
-def measure(batches):
-    cfg = {"argv": [py, f"{d}/job.py"], "batches": batches, "env_var": "BATCH", "seconds": 120,
+def measure(batches, limit):
+    cfg = {"argv": [py, f"{d}/job.py"], "batches": batches, "env_var": "BATCH", "seconds": 15,
            "hook_dir": f"{d}/hook", "path": None, "workdir": d}
     r = subprocess.run([py, f"{repo}/templates/fit/measure_run.py", json.dumps(cfg)],
-                       capture_output=True, text=True, timeout=280)
+                       capture_output=True, text=True, timeout=limit)
     return json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr[-2000:]}
 
-small = measure([1, 2, 4])
+small = measure([1, 2, 4], 55)
 result = {"small": small}
 gpu, runs = read_runs(small) if "error" not in small else (False, [])
 if not gpu:
     line = "skipped: " + (small.get("error", "").strip().splitlines() or
                           ["nvidia-smi sees no GPU here (fit --measure needs one)"])[-1][:200]
 else:
-    big = measure([16])
+    big = measure([16], 25)
     result["big"] = big
     result["predicted"] = [p.as_json() for p in predict(runs, 16)]
     _, [at16] = read_runs(big)
@@ -265,7 +265,7 @@ else:
 json.dump(result, open(f"{out}/fit-measure.json", "w"), indent=1)
 print(line)
 PY
-run fit-measure "${FIT_TIMEOUT:-300}" env HOME="$fitdir" "$py" "$fitdir/drive.py" "$repo" \
+run fit-measure "${FIT_TIMEOUT:-90}" env HOME="$fitdir" "$py" "$fitdir/drive.py" "$repo" \
   "$fitdir" "$out" "$(command -v "$py" || echo "$py")"
 fitrc=$(cat "$work/fit-measure.rc")
 fitsaid=$(tail -n 1 "$work/fit-measure.out" 2>/dev/null)
