@@ -134,6 +134,14 @@ class HostView:
                                       or (os.id == "debian" and major >= 13))
 
     @property
+    def debian13(self) -> bool:
+        """Debian 13+, where a few libraries moved on further than Ubuntu 24.04's t64 names."""
+        if self.facts is None:
+            return False
+        os = self.facts.os
+        return os.id == "debian" and os.major is not None and os.major >= 13
+
+    @property
     def sudo(self) -> str:
         return "" if self.facts is not None and self.facts.root else "sudo "
 

@@ -44,9 +44,13 @@ def shared_object(values: Values, h: HostView, text: str) -> dict[str, str]:
                           "wheel's own library comes back with a reinstall of that package "
                           f"(`{h.pip} install --force-reinstall <package>`)."}
     apt = row.apt_t64 if h.t64 and row.apt_t64 else row.apt
+    if h.debian13 and row.apt_debian13:
+        apt = row.apt_debian13
     why = f"{lib} is a system library the package needs; this OS{_os(h)} does not have it."
     fix = f"Install it: {h.install(apt, row.dnf)}."
-    if h.family is None and row.apt_t64:
+    if h.family is None and row.apt_t64 and row.apt_debian13:
+        fix += f" (Ubuntu 24.04+ names it {row.apt_t64}, Debian 13+ {row.apt_debian13}.)"
+    elif h.family is None and row.apt_t64:
         fix += f" (Ubuntu 24.04+/Debian 13+ name it {row.apt_t64}.)"
     if row.pip:
         fix += (f" For OpenCV (cv2) the GUI-less wheel needs none of these libraries: "

@@ -23,6 +23,8 @@ class OsLibrary:
     apt_t64: str | None
     dnf: str | None
     pip: str | None
+    # Debian 13's name where it differs from Ubuntu 24.04's t64 one (Open MPI 5 there)
+    apt_debian13: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ def load_tables(name: str = LIBRARIES) -> Tables:
     raw = read_yaml(path) or {}
     try:
         libs = tuple(OsLibrary(soname=str(r["soname"]), apt=r.get("apt"), apt_t64=r.get("apt_t64"),
-                               dnf=r.get("dnf"), pip=r.get("pip"))
+                               dnf=r.get("dnf"), pip=r.get("pip"),
+                               apt_debian13=r.get("apt_debian13"))
                      for r in raw.get("libraries") or [])
         wheels = tuple(CudaWheel(lib=str(r["lib"]), wheel=str(r["wheel"]),
                                  suffixed_from_13=bool(r.get("suffixed_from_13", False)))

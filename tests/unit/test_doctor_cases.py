@@ -66,7 +66,7 @@ def test_every_signature_entry_has_a_real_text() -> None:
 
 def test_the_knowledge_covers_every_phase_with_many_entries() -> None:
     entries = load_knowledge()
-    assert len(entries) >= 160
+    assert len(entries) >= 200
     assert len({e.id for e in entries}) == len(entries)
 
 

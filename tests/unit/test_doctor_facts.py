@@ -65,6 +65,24 @@ def test_ubuntu_24_04_gets_the_renamed_t64_package() -> None:
     assert "Ubuntu 24.04+/Debian 13+ name it libglib2.0-0t64" in _one(GTHREAD).fix
 
 
+MPI = "ImportError: libmpi.so.40: cannot open shared object file: No such file or directory"
+CRYPT = "ImportError: libcrypt.so.1: cannot open shared object file: No such file or directory"
+
+
+def test_debian_13_gets_its_own_open_mpi_package_not_ubuntus_t64_name() -> None:
+    noble = captured("cpu-only")
+    trixie = replace(noble, os=replace(noble.os, id="debian", version_id="13",
+                                       pretty_name="Debian GNU/Linux 13 (trixie)"))
+    assert "`apt-get install -y libopenmpi3t64`" in _one(MPI, noble).fix
+    assert "`apt-get install -y libopenmpi40`" in _one(MPI, trixie).fix
+    assert "Ubuntu 24.04+ names it libopenmpi3t64, Debian 13+ libopenmpi40" in _one(MPI).fix
+
+
+def test_libcrypt_on_the_rhel_family_installs_whatever_package_owns_the_file() -> None:
+    rocky = captured("rocky-9-h100")
+    assert "`dnf install -y /usr/lib64/libcrypt.so.1`" in _one(CRYPT, rocky).fix
+
+
 def test_a_missing_cuda_library_names_the_wheel_of_this_torchs_cuda() -> None:
     base = captured("ubuntu-22.04-rtx4090")
     cu12 = _one(CUDNN, _with_torch(base, "2.5.1+cu124", "12.4"))
