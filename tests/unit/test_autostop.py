@@ -15,7 +15,6 @@ from provision.config.recipes import all_platforms, load_platform
 from provision.errors import ConfigError, ProvisionError
 from provision.money import autostop, cost
 from provision.remote.command import quote
-from provision.remote.templating import render
 
 PLATFORMS = {p.name: p for p in all_platforms()}
 
@@ -42,17 +41,19 @@ DECISIONS = [
     # platform, flags, action run (or the refusal's words), what --save lands in
     ("generic-vm", {}, "shutdown -h now", None),
     ("generic-vm", {"save": "/data/ckpt"}, "shutdown -h now", None),  # the disk stays: no copy
-    ("autodl", {"save": "~/autodl-tmp/ckpt"}, "shutdown", "/root/autodl-fs/autostop-saved"),
-    ("autodl", {"save": "/root/autodl-fs/ckpt"}, "shutdown", "/root/autodl-fs"),  # already there
+    ("autodl", {"save": "~/autodl-tmp/ckpt"}, "/usr/bin/shutdown",
+     "/root/autodl-fs/autostop-saved"),
+    ("autodl", {"save": "/root/autodl-fs/ckpt"}, "/usr/bin/shutdown", "/root/autodl-fs"),
     ("autodl", {"action": "terminate"}, "error:releases ordinary instances from its console", None),
     ("vast", {}, "PUT https://console.vast.ai/api/v0/instances/{id}/", None),
     ("vast", {"action": "shutdown"}, "error:does not end its billing; use --action stop", None),
     ("vast", {"action": "terminate"}, "DELETE https://console.vast.ai/api/v0/instances/{id}/",
      None),
     ("runpod", {}, "error:Name what to keep with --save DIR", None),
-    ("runpod", {"save": "/root/ckpt"}, "POST https://rest.runpod.io/v1/pods/{id}/stop",
+    # REST API v1 is retired: v2's one action endpoint, and DELETE (runpod/docs migrate-from-v1)
+    ("runpod", {"save": "/root/ckpt"}, "POST https://api.runpod.io/v2/pods/{id}/action",
      "/workspace/autostop-saved"),
-    ("runpod", {"action": "terminate"}, "DELETE https://rest.runpod.io/v1/pods/{id}", None),
+    ("runpod", {"action": "terminate"}, "DELETE https://api.runpod.io/v2/pods/{id}", None),
     ("lambda", {}, "error:Say --action terminate to accept it", None),
     ("lambda", {"action": "stop"}, "error:cannot be stopped, only terminated", None),
     ("lambda", {"action": "terminate", "save": "/home/ubuntu/ckpt"},
@@ -129,13 +130,17 @@ def test_watchdog_and_control_render_for_every_action(platform: str) -> None:
         script = autostop.watchdog_script(d, req, p)
         assert bash_ok(script)
         assert f"SAVE={quote(hostile)};" in script and "$(touch pwned)'x;" not in script
-        ctl = render("money/autostop_ctl.sh.j2", mode="install", command=list(spec.command),
-                     need_id=False, id_env=list(p.autostop.instance_id_env),
-                     key_env=list(p.autostop.api_key_env), require_persistent="/mnt/fs",
-                     watchdog=script, config=json.dumps(autostop.config(d, req)))
+        ctl = autostop._ctl("install", command=list(spec.command), need_id=False,
+                            id_env=list(p.autostop.instance_id_env),
+                            key_env=list(p.autostop.api_key_env), key_hint=p.autostop.key_hint,
+                            require_persistent="/mnt/fs", watchdog=script,
+                            config=json.dumps(autostop.config(d, req)),
+                            persistent=d.persistent or "", lookup_url="https://x/{id}",
+                            instance_id="i-1", addresses=["10.0.0.1"],
+                            rearm_file=p.autostop.rearm_file or "")
         assert bash_ok(ctl)
-    for mode in ("cancel", "status"):
-        assert bash_ok(render("money/autostop_ctl.sh.j2", mode=mode, **autostop._unused()))
+    for mode in ("cancel", "status", "probe"):
+        assert bash_ok(autostop._ctl(mode, persist_dirs=autostop.persistent_dirs()))
 
 
 def test_profiles_stop_section_errors_name_file_and_key(tmp_path: Path) -> None:
