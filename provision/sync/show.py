@@ -102,7 +102,8 @@ def autostop_status(s: Mapping[str, Any], out: Console = console) -> None:
     if (s.get("state") or {}).get("last_fired"):
         t.add_row("fired before", s["state"]["last_fired"])
     for n in c.get("notes") or []:
-        t.add_row("note", n)
+        if n != f"still billed while stopped: {c.get('bills')}":  # the row above says it
+            t.add_row("note", n)
     if s.get("dir"):
         t.add_row("files", s["dir"])
     out.print(t)
