@@ -443,3 +443,29 @@ def test_cost_since_start_idle_and_autostop(host: harness.HostInfo, gp_home: Pat
                                    cwd=tmp_path).stdout)
     assert row["autostop"]["set"] and row["autostop"]["saves_per_hour"] == 0.8
     assert row["autostop_text"].startswith("stop after 1h idle, in ")
+
+
+def test_a_vm_whose_cloud_bills_a_shutdown_is_refused_and_cost_promises_only_what_it_knows(
+        host: harness.HostInfo, hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    azure = hosts.fresh("ubuntu-22.04-rtx4090", dmi="dmi/azure.yaml")  # its DMI, as Azure's
+    try:
+        inv = azure.inventory_with(tmp_path / "azure-vm.yaml", platform="generic-vm")
+        r = gpu_provision("-H", inv, "autostop", "--idle", "1h", home=gp_home, cwd=tmp_path)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "autostop not set: Azure: a shutdown from inside leaves an Azure VM 'Stopped'" \
+            in r.stderr and "az vm deallocate" in r.stderr
+        assert ssh(azure, "test -e /root/.gpu-provision/autostop")[0] != 0  # nothing installed
+    finally:
+        harness.stop(azure.id)
+    # a VM whose cloud the DMI does not name: set, and cost does not promise the saving
+    inv = host.inventory_with(tmp_path / "some-vm.yaml", platform="generic-vm",
+                              price_per_hour=1.5, currency="EUR")
+    r = gpu_provision("-H", inv, "autostop", "--idle", "1h", "--json", home=gp_home,
+                      cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert any("the cloud is not known" in n for n in json.loads(r.stdout)["config"]["notes"])
+    row = json.loads(gpu_provision("-H", inv, "cost", "--json", home=gp_home,
+                                   cwd=tmp_path).stdout)
+    assert row["autostop"]["saves_per_hour"] is None
+    assert row["autostop_text"].endswith("; saves 1.50 EUR/h only if the provider stops billing "
+                                         "a powered-off machine (not known here)")
