@@ -469,3 +469,26 @@ def test_a_vm_whose_cloud_bills_a_shutdown_is_refused_and_cost_promises_only_wha
     assert row["autostop"]["saves_per_hour"] is None
     assert row["autostop_text"].endswith("; saves 1.50 EUR/h only if the provider stops billing "
                                          "a powered-off machine (not known here)")
+
+
+def test_the_idle_clock_is_the_uptime_not_the_wall_clock(host: harness.HostInfo, gp_home: Path,
+                                                          tmp_path: Path) -> None:
+    ssh(host, "ln -sf /usr/local/lib/gpu-sandbox/standin.py /usr/bin/shutdown")
+    n = len(host.calls())
+    r = gpu_provision("-H", host.inventory, "autostop", "--idle", "1h", "--interval",
+                      f"{INTERVAL}s", "--json", home=gp_home, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    where = json.loads(r.stdout)["dir"]
+    # the wall clock steps two hours ahead (an NTP correction on a machine that booted with a
+    # wrong clock): `date +%s` says so from now on, in this host only
+    ssh(host, "printf '%s\\n' '#!/bin/bash' 'if [ \"$1\" = +%s ]; then echo $(( $(/bin/date +%s) "
+              "+ 7200 )); else exec /bin/date \"$@\"; fi' > /usr/local/bin/date; "
+              "chmod +x /usr/local/bin/date")
+    try:
+        wait_for(lambda: state(host, where).get("at", 0) > time.time() + 3600, "a stepped sample")
+        time.sleep(5 * INTERVAL)
+        s = state(host, where)
+        assert s["idle_for"] < 60 and not s["fired_at"], s
+        assert calls_since(host, n, "shutdown") == []
+    finally:
+        ssh(host, "rm -f /usr/local/bin/date")
