@@ -278,11 +278,11 @@ def test_no_data_losing_stop_while_the_gpu_check_fails(
         "initialize NVML: Driver/library version mismatch" in r.stderr
     assert "runpod's stop loses the container disk" in r.stderr
 
-    set_gpu(host, 0, 3)
+    set_gpu(host, 90, 20000)  # a training run: busy from the start
     r = gpu_provision(*args, home=gp_home, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     where = json.loads(r.stdout)["dir"]
-    set_gpu(host, 0, 3, failure="nvml_mismatch")  # the driver breaks under a running job
+    set_gpu(host, 0, 3, failure="nvml_mismatch")  # the driver breaks under the running job
     busy_for_longer_than_idle(host, "the GPU check fails: Failed to initialize NVML", where)
     busy_for_longer_than_idle(host, "the GPU check fails: ", where)
     assert api.calls_for("podgpu") == []
