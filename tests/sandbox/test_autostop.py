@@ -10,6 +10,7 @@ tells, --cancel removes it; `cost` reads it all."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Iterator
@@ -27,6 +28,9 @@ pytestmark = pytest.mark.sandbox
 
 IDLE, INTERVAL = 2, 0.3  # seconds: the idle period and the sampling interval for these tests
 HOME_DIR = "/root/.gpu-provision/autostop"
+# the failure a stop accepted while the machine stays up leaves (--stop-wait 2s; the samples
+# come a little later on a busy machine)
+STILL_UP = re.compile(r"still running ([2-9]|\d\d)s after the stop was accepted")
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +183,7 @@ def test_waits_for_jobs_and_busy_gpus_then_saves_and_stops(host: harness.HostInf
     v = status(host, host.inventory, gp_home, tmp_path)
     assert not v["alive"] and v["state_text"].startswith(
         "failed: 3 stops were accepted and the machine kept running")
-    assert "still running 2s after the stop was accepted" in v["last_failure"]
+    assert STILL_UP.search(v["last_failure"]), v["last_failure"]
     row = json.loads(gpu_provision("-H", host.inventory, "cost", "--json", home=gp_home,
                                    cwd=tmp_path).stdout)
     assert "last failure: " in row["autostop_text"]
@@ -254,13 +258,14 @@ def test_an_accepted_stop_that_does_nothing_is_retried_and_shown(
     assert r.returncode == 0, r.stdout + r.stderr
     wait_for(lambda: len(api.calls_for("podnoop")) >= 2, "a second stop")
     v = status(host, inv, gp_home, tmp_path)
-    assert "still running 2s after the stop was accepted (POST https://api.runpod.io/v2/pods/" \
-           "podnoop/action: HTTP 200)" in v["last_failure"]
+    assert STILL_UP.search(v["last_failure"]) and v["last_failure"].endswith(
+        "after the stop was accepted (POST https://api.runpod.io/v2/pods/podnoop/action: "
+        "HTTP 200)"), v["last_failure"]
     out = gpu_provision("-H", inv, "autostop", "--status", home=gp_home, cwd=tmp_path).stdout
     assert "last failure" in out
     row = json.loads(gpu_provision("-H", inv, "cost", "--json", home=gp_home,
                                    cwd=tmp_path).stdout)
-    assert "still running 2s after the stop was accepted" in row["autostop"]["last_failure"]
+    assert STILL_UP.search(row["autostop"]["last_failure"])
     assert api.violations == []
 
 
