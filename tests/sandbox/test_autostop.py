@@ -10,6 +10,7 @@ tells, --cancel removes it; `cost` reads it all."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import time
@@ -392,8 +393,17 @@ def test_after_job_arms_only_once_that_job_has_run_and_ended(host: harness.HostI
 def test_status_cancel_replace_and_refusals(host: harness.HostInfo, gp_home: Path,
                                             tmp_path: Path) -> None:
     def pids() -> list[int]:
-        out = ssh(host, "pgrep -f 'autostop/[w]atchdog.sh' || true")[1]  # [w]: not this shell
-        return [int(x) for x in out.split()]
+        """This host's watchdogs (the machine's process table is shared by every sandbox host:
+        the processes whose root is this host's view)."""
+        found = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and os.readlink(d / "root") == str(Path(host.root) / "merged") \
+                        and b"autostop/watchdog.sh" in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                continue
+        return found
 
     ssh(host, "ln -sf /usr/local/lib/gpu-sandbox/standin.py /usr/bin/shutdown")
     for _ in range(2):  # a second autostop replaces the first: one watchdog at a time
