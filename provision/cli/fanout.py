@@ -44,6 +44,12 @@ class ParallelExecutor(Executor):  # type: ignore[misc]
             return self.whole_fleet(hosts)
         if len(hosts) < 2:
             return super().execute(*tasks)  # type: ignore[no-any-return]
+        for c in hosts:  # a flag naming one machine (autostop --instance-id) serves one host
+            for flag in getattr(c.task, "one_host_flags", ()):
+                if c.kwargs.get(flag):
+                    raise Exit(f"error: --{flag.replace('_', '-')} names one machine: give it "
+                               f"with one host (-H {c.init_kwargs['host']}), not with "
+                               f"{len(hosts)} hosts", code=2)
         output.json_lines = True  # several hosts' JSON at once: one line each
         config = self.config
         jobs = []

@@ -104,6 +104,8 @@ AUTOSTOP_HELP = {
                    "(Lambda)",
     "gpu_util": "a GPU above this utilisation (percent) is busy (default 5)",
     "gpu_mem": "a GPU holding more than this many MiB is busy (default 512)",
+    "stop_wait": "the machine still up this long after its stop was accepted: the stop failed, "
+                 "and is tried again (default 5m)",
     "cancel": "remove the watchdog",
     "status": "show what is set and the watchdog's last sample",
     "json": "print the result as JSON",
@@ -116,7 +118,8 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
              interval: str = DEFAULT_INTERVAL, after_job: str | None = None,
              action: str | None = None, save: str | None = None, save_to: str | None = None,
              instance_id: str | None = None, gpu_util: int = 5, gpu_mem: int = 512,
-             cancel: bool = False, status: bool = False, json_: bool = False) -> None:
+             stop_wait: str = "5m", cancel: bool = False, status: bool = False,
+             json_: bool = False) -> None:
     """Stop the machine by itself once its GPUs sit idle (an on-host watchdog, no laptop needed).
 
     The watchdog calls the platform's own stop once no job of ours has run and the GPUs have
@@ -140,12 +143,13 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
     from ..ui import console as output
 
     target = target_of(c)
-    req = None
+    req, platform = None, None
     if not (cancel or status):  # the flags are checked before connecting (exit 2)
         req = autostop_mod.Request(
             idle=parse_duration(idle, "--idle"), interval=parse_duration(interval, "--interval"),
             after_job=after_job, action=action, save=save, save_to=save_to,
-            instance_id=instance_id, util_max=gpu_util, mem_max_mib=gpu_mem)
+            instance_id=instance_id, util_max=gpu_util, mem_max_mib=gpu_mem,
+            stop_wait=parse_duration(stop_wait, "--stop-wait"))
         autostop_mod.validate(req)
     with session(target, Store(), _notify) as s:
         if cancel:
@@ -167,13 +171,30 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
             # the host's other tokens); else the key already on the host is checked for
             values = push_values(target, required=False)
             if values and len(values) == len(target.settings.get("push_env") or ()):
-                run_step(s.ex, secrets_step(facts, values, digest(values)), s.run, output.console)
-            autostop_mod.install(s.ex, decision, req, platform)
-        view = autostop_mod.status_view(target.name, autostop_mod.raw_status(s.ex))
+                step = secrets_step(facts, values, digest(values))
+                if step.body is not None:  # None: these values are on the host already
+                    run_step(s.ex, step, s.run, output.console)
+            autostop_mod.install(s.ex, decision, req, platform, _addresses(target.host))
+        view = autostop_mod.status_view(target.name, autostop_mod.raw_status(s.ex),
+                                        platform)
     if json_:
         output.print_json(view)
     else:
         output_data.autostop_status(view)
+
+
+# --instance-id names one machine: `-H a,b` would give both hosts the one id (cli/fanout.py)
+autostop.one_host_flags = ("instance_id",)
+
+
+def _addresses(host: str) -> tuple[str, ...]:
+    """The addresses ``host`` resolves to here: the machine we reach (the platform's API must
+    name one of them for the instance id given)."""
+    import socket
+    try:
+        return tuple(sorted({str(a[4][0]) for a in socket.getaddrinfo(host, None)}))
+    except OSError:
+        return ()
 
 
 @task(help={"json": "print the rows as JSON"})

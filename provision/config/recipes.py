@@ -75,6 +75,11 @@ AUTOSTOP_SCHEMA = {
     "instance_id_env": Check([str], v.env_vars),  # where the instance finds its own id
     "instance_id_prefix": str,  # stripped from it (vast.ai's label C.12345)
     "api_key_env": Check([str], v.env_vars),  # the credential, narrowest first
+    "key_hint": str,  # what to do when the host has no key (instead of pushing one)
+    # asked at install for the instance {id} names; its "ip" must be this host's
+    "instance_lookup": Check(str, _http_request),
+    "rearm_file": Check(str, v.abs_path),  # a script the platform runs at each container start
+    "rearm_hint": str,  # how to re-arm after a restart where nothing of ours runs by itself
     "note": str,
     "stop": STOP_ACTION_SCHEMA,
     "shutdown": STOP_ACTION_SCHEMA,
@@ -152,6 +157,10 @@ class StopProfile:
     instance_id_env: tuple[str, ...] = ()
     instance_id_prefix: str = ""
     api_key_env: tuple[str, ...] = ()
+    key_hint: str = ""
+    instance_lookup: str | None = None
+    rearm_file: str | None = None
+    rearm_hint: str = ""
     note: str = ""
     actions: Mapping[str, StopAction] = field(default_factory=dict)
 

@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import ProvisionError
 from ..remote.executor import Executor
 from ..remote.templating import render
-from .autostop import duration_text, parse_duration
+from .autostop import duration_text, parse_duration, persistent_dirs, state_text
 
 DEFAULT_PERIOD = parse_duration("30m", "--idle")  # the idle period autostop suggests
 
@@ -47,7 +47,7 @@ class Probe:
 
 
 def idle_probe_script() -> str:
-    return render("money/idle_probe.sh.j2")
+    return render("money/idle_probe.sh.j2", persist_dirs=persistent_dirs())
 
 
 def parse_probe(line: str) -> Probe:
@@ -116,22 +116,34 @@ def row(host: str, price: float | None, currency: str | None, p: Probe) -> dict[
     idle_from = idle_since(p)
     idle_s = None if idle_from is None else p.now - idle_from
     cfg, state = p.autostop_config, p.autostop_state
-    set_ = bool(cfg) and p.autostop_alive and not state.get("fired_at")
+    set_ = bool(cfg) and p.autostop_alive and not state.get("fired_at") \
+        and not state.get("dead") and not state.get("gave_up")
     autostop: dict[str, Any] = {"set": set_}
+    failure = state.get("last_failure") or ""
     if set_:
         period = float(cfg.get("idle") or 0)
         idle_for = float(state.get("idle_for") or 0)
         left = max(0.0, period - idle_for) if not state.get("busy") else None
+        # a saving is promised only where the action is known to end the bill (clouds.py)
+        ends = cfg.get("billing_ends", True)
+        saves = price if ends is True else None
         autostop.update(idle=period, action=cfg.get("action"), stops_in=left,
-                        saves_per_hour=price, still_billed=cfg.get("bills"))
+                        saves_per_hour=saves, still_billed=cfg.get("bills"))
         text = (f"{cfg.get('action')} after {cfg.get('idle_text')} idle"
                 + (f", in {duration_text(left)}" if left is not None else
-                   f" (busy: {state.get('busy')})")
-                + (f"; then saves {_money(price, currency)}/h" if price else ""))
-    elif cfg and state.get("fired_at"):
-        text = f"fired ({state.get('result')})"
+                   f" (busy: {state.get('busy')})"))
+        if price and ends is True:
+            text += f"; then saves {_money(price, currency)}/h"
+        elif price:
+            text += (f"; saves {_money(price, currency)}/h only if the provider stops billing a "
+                     "powered-off machine (not known here)")
+    elif cfg and (state.get("fired_at") or state.get("dead") or state.get("gave_up")):
+        text = state_text(state, p.autostop_alive, cfg)
     else:
         text = "not set" + (f": each idle hour costs {_money(price, currency)}" if price else "")
+    if failure:
+        autostop["last_failure"] = failure
+        text += f"; last failure: {failure}"
     warning = idle_warning(host, idle_s, set_, price, currency,
                            float(cfg.get("idle") or DEFAULT_PERIOD))
     return {
@@ -147,8 +159,14 @@ def row(host: str, price: float | None, currency: str | None, p: Probe) -> dict[
         "cost_text": _money(price * hours if price else None, currency),
         "idle_text": busy_now(p) or (f"idle {duration_text(idle_s)}" if idle_s is not None
                                      else "-"),
-        "warnings": [w for w in [warning] if w],
+        "warnings": [w for w in [warning, _failed(host, state)] if w],
     }
+
+
+def _failed(host: str, state: dict[str, Any]) -> str | None:
+    """The warning when the watchdog stopped trying: the machine bills on."""
+    why = state.get("dead") or state.get("gave_up")
+    return f"{host}: autostop will not stop this machine: {why}" if why else None
 
 
 def price_of(settings: Any) -> tuple[float | None, str | None]:

@@ -6,7 +6,9 @@ Everything of ours on a host lives in ``~/.gpu-provision`` (``STATE``) of the lo
   writer in ``templates/remote/_journal.sh.j2``); ``steps/<name>.{pid,rc,result,waiter}``: a
   running step's runtime files;
 - ``logs/<name>.log``: each step's log; ``locks/<lock>`` (+ ``.owner``): the locks (``Locks``);
-- ``jobs/<id>/``: one folder per job (provision/jobs); ``autostop/``: the watchdog's state;
+- ``jobs/<id>/``: one folder per job (provision/jobs); ``autostop/``: the watchdog's state
+  (where the platform has persistent storage, ``<storage>/.gpu-provision/hosts/<hostname>/
+  autostop`` instead, named by ``autostop-dir``: provision/money/autostop.py);
 - ``tools/``: our uv; ``index/``: what the mirrors served; ``env``: pushed tokens (0600);
   ``expected.json``: what ``verify`` checks the host against.
 

@@ -97,6 +97,15 @@ def autostop_status(s: Mapping[str, Any], out: Console = console) -> None:
         t.add_row("saves first", f"{c['save']} -> {c.get('save_to') or '-'}")
     t.add_row("runs as", s.get("supervisor") or "-")
     t.add_row("after a reboot", s.get("reboot_text") or "-")
+    if s.get("last_failure"):
+        t.add_row("last failure", s["last_failure"])
+    if (s.get("state") or {}).get("last_fired"):
+        t.add_row("fired before", s["state"]["last_fired"])
+    for n in c.get("notes") or []:
+        if n != f"still billed while stopped: {c.get('bills')}":  # the row above says it
+            t.add_row("note", n)
+    if s.get("dir"):
+        t.add_row("files", s["dir"])
     out.print(t)
     for line in s.get("log_tail") or []:
         out.print(text((line, "dim")))

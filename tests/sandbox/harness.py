@@ -407,6 +407,8 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
     (root / "boot_id").write_text(str(uuid.uuid4()) + "\n")
     spec = {"id": hid, "profile": profile_name, "binds": binds, "reboot_delay": reboot_delay,
             "hostname": profile.get("hostname", hid)}
+    if profile.get("dmi"):  # a cloud's DMI strings (a capture under tests/fixtures/dmi)
+        spec["dmi"] = yaml.safe_load((FIXTURES / profile["dmi"]).read_text())
     _write(root / "host.json", json.dumps(spec, indent=1))
     return spec
 

@@ -46,7 +46,23 @@ class Host:
             (m / dst.lstrip("/")).mkdir(parents=True, exist_ok=True)
             sh("mount", "--bind", str(r / src), str(m / dst.lstrip("/")))
         sh("mount", "--bind", str(r / "boot_id"), str(m / "proc/sys/kernel/random/boot_id"))
+        if self.spec.get("dmi"):
+            self.mount_dmi(self.spec["dmi"])
         sh("hostname", self.spec["hostname"])  # our own UTS namespace (unshare --uts)
+
+    def mount_dmi(self, values: dict[str, str]) -> None:
+        """The firmware's DMI strings a cloud's VM shows (/sys/class/dmi/id/*, captured values
+        from the profile): sysfs takes no new files, so /sys/class becomes a tmpfs holding the
+        real classes (bound back) and a dmi/id folder of these files, in this host's view only."""
+        cls = self.merged / "sys/class"
+        real = sorted(p.name for p in Path("/sys/class").iterdir() if p.name != "dmi")
+        sh("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(cls))
+        for name in real:
+            (cls / name).mkdir()
+            sh("mount", "--bind", f"/sys/class/{name}", str(cls / name))
+        (cls / "dmi/id").mkdir(parents=True)
+        for key, value in values.items():
+            (cls / "dmi/id" / key).write_text(f"{value}\n")
 
     def start_sshd(self) -> None:
         self.sshd = subprocess.Popen(

@@ -912,7 +912,7 @@ TOOLS = {"nvidia-smi": nvidia_smi, "lspci": lspci, "lsmod": lsmod, "modprobe": m
          "uname": uname, "update-initramfs": initramfs, "dracut": initramfs}
 
 
-# --- Stopping a rented machine (autostop): a power-off, and the rental platforms' APIs -----------
+# --- Stopping a rented machine (autostop): a power-off (the platforms' APIs: platform_api.py) ----
 
 SHUTDOWN_SCHEDULED = ("Shutdown scheduled for {when}, use 'shutdown -c' to cancel.\n")
 
@@ -936,73 +936,7 @@ def shutdown(args: list[str], st: dict) -> int:
     return 0
 
 
-# Each platform API autostop may call: (method, URL regex) -> (HTTP status, body) of a success,
-# with the response shapes their documentation gives (tests/fixtures/SOURCES.md, "Platform APIs").
-PLATFORM_API = [
-    ("PUT", r"https://console\.vast\.ai/api/v0/instances/(\d+)/", 200, '{"success": true}'),
-    ("DELETE", r"https://console\.vast\.ai/api/v0/instances/(\d+)/", 200, '{"success": true}'),
-    ("POST", r"https://rest\.runpod\.io/v1/pods/([A-Za-z0-9]+)/stop", 200, ""),
-    ("DELETE", r"https://rest\.runpod\.io/v1/pods/([A-Za-z0-9]+)", 200, ""),
-    ("POST", r"https://cloud\.lambda(?:labs\.com|\.ai)/api/v1/instance-operations/terminate", 200,
-     '{"data": {"terminated_instances": [{"id": "%s", "status": "terminating"}]}}'),
-]
-API_HOSTS = ("console.vast.ai", "rest.runpod.io", "cloud.lambdalabs.com", "cloud.lambda.ai")
-REAL_CURL = "/usr/bin/curl"
-
-
-def curl(args: list[str], st: dict) -> int:
-    """curl: requests to a rental platform's API are answered here (and recorded in calls.log as
-    tool "platform-api" with method, URL, Authorization header and body); anything else is the
-    real curl. Understands the options autostop uses: -X, -H (also @- and @file), --data-raw/-d,
-    -o, -w '%{http_code}', -s, -S, --max-time."""
-    url = next((a for a in args if a.startswith(("http://", "https://"))), "")
-    if not any(f"//{h}/" in url for h in API_HOSTS):
-        os.execv(REAL_CURL, ["curl", *args])
-    method, headers, body, out, fmt = "", [], None, None, ""
-    it = iter(args)
-    for a in it:
-        if a in ("-X", "--request"):
-            method = next(it)
-        elif a in ("-H", "--header"):
-            h = next(it)
-            if h.startswith("@"):
-                text = sys.stdin.read() if h == "@-" else open(h[1:]).read()
-                headers += [x for x in text.splitlines() if x.strip()]
-            else:
-                headers.append(h)
-        elif a in ("-d", "--data", "--data-raw"):
-            body = next(it)
-        elif a in ("-o", "--output"):
-            out = next(it)
-        elif a in ("-w", "--write-out"):
-            fmt = next(it)
-        elif a in ("--max-time", "-m"):
-            next(it)
-    method = method or ("POST" if body is not None else "GET")
-    auth = next((h.split(":", 1)[1].strip() for h in headers
-                 if h.lower().startswith("authorization:")), "")
-    log_call("platform-api", [method, url, auth, body or ""])
-    code, answer = 404, ""
-    for m, pattern, status, text in PLATFORM_API:
-        match = re.fullmatch(pattern, url)
-        if match and m == method:
-            code, answer = status, text
-            if "%s" in text:
-                ids = json.loads(body or "{}").get("instance_ids") or [""]
-                answer = text % ids[0]
-            break
-    if code == 200 and not re.fullmatch(r"Bearer \S+", auth):
-        code, answer = 401, ""
-    if out:
-        with open(out, "w") as f:
-            f.write(answer)
-    else:
-        sys.stdout.write(answer)
-    sys.stdout.write(fmt.replace("%{http_code}", str(code)))
-    return 0
-
-
-TOOLS.update({"shutdown": shutdown, "curl": curl})
+TOOLS.update({"shutdown": shutdown})
 
 
 def main() -> int:

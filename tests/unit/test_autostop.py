@@ -15,7 +15,6 @@ from provision.config.recipes import all_platforms, load_platform
 from provision.errors import ConfigError, ProvisionError
 from provision.money import autostop, cost
 from provision.remote.command import quote
-from provision.remote.templating import render
 
 PLATFORMS = {p.name: p for p in all_platforms()}
 
@@ -42,17 +41,19 @@ DECISIONS = [
     # platform, flags, action run (or the refusal's words), what --save lands in
     ("generic-vm", {}, "shutdown -h now", None),
     ("generic-vm", {"save": "/data/ckpt"}, "shutdown -h now", None),  # the disk stays: no copy
-    ("autodl", {"save": "~/autodl-tmp/ckpt"}, "shutdown", "/root/autodl-fs/autostop-saved"),
-    ("autodl", {"save": "/root/autodl-fs/ckpt"}, "shutdown", "/root/autodl-fs"),  # already there
+    ("autodl", {"save": "~/autodl-tmp/ckpt"}, "/usr/bin/shutdown",
+     "/root/autodl-fs/autostop-saved"),
+    ("autodl", {"save": "/root/autodl-fs/ckpt"}, "/usr/bin/shutdown", "/root/autodl-fs"),
     ("autodl", {"action": "terminate"}, "error:releases ordinary instances from its console", None),
     ("vast", {}, "PUT https://console.vast.ai/api/v0/instances/{id}/", None),
     ("vast", {"action": "shutdown"}, "error:does not end its billing; use --action stop", None),
     ("vast", {"action": "terminate"}, "DELETE https://console.vast.ai/api/v0/instances/{id}/",
      None),
     ("runpod", {}, "error:Name what to keep with --save DIR", None),
-    ("runpod", {"save": "/root/ckpt"}, "POST https://rest.runpod.io/v1/pods/{id}/stop",
+    # REST API v1 is retired: v2's one action endpoint, and DELETE (runpod/docs migrate-from-v1)
+    ("runpod", {"save": "/root/ckpt"}, "POST https://api.runpod.io/v2/pods/{id}/action",
      "/workspace/autostop-saved"),
-    ("runpod", {"action": "terminate"}, "DELETE https://rest.runpod.io/v1/pods/{id}", None),
+    ("runpod", {"action": "terminate"}, "DELETE https://api.runpod.io/v2/pods/{id}", None),
     ("lambda", {}, "error:Say --action terminate to accept it", None),
     ("lambda", {"action": "stop"}, "error:cannot be stopped, only terminated", None),
     ("lambda", {"action": "terminate", "save": "/home/ubuntu/ckpt"},
@@ -129,13 +130,17 @@ def test_watchdog_and_control_render_for_every_action(platform: str) -> None:
         script = autostop.watchdog_script(d, req, p)
         assert bash_ok(script)
         assert f"SAVE={quote(hostile)};" in script and "$(touch pwned)'x;" not in script
-        ctl = render("money/autostop_ctl.sh.j2", mode="install", command=list(spec.command),
-                     need_id=False, id_env=list(p.autostop.instance_id_env),
-                     key_env=list(p.autostop.api_key_env), require_persistent="/mnt/fs",
-                     watchdog=script, config=json.dumps(autostop.config(d, req)))
+        ctl = autostop._ctl("install", command=list(spec.command), need_id=False,
+                            id_env=list(p.autostop.instance_id_env),
+                            key_env=list(p.autostop.api_key_env), key_hint=p.autostop.key_hint,
+                            require_persistent="/mnt/fs", watchdog=script,
+                            config=json.dumps(autostop.config(d, req)),
+                            persistent=d.persistent or "", lookup_url="https://x/{id}",
+                            instance_id="i-1", addresses=["10.0.0.1"],
+                            rearm_file=p.autostop.rearm_file or "")
         assert bash_ok(ctl)
-    for mode in ("cancel", "status"):
-        assert bash_ok(render("money/autostop_ctl.sh.j2", mode=mode, **autostop._unused()))
+    for mode in ("cancel", "status", "probe"):
+        assert bash_ok(autostop._ctl(mode, persist_dirs=autostop.persistent_dirs()))
 
 
 def test_profiles_stop_section_errors_name_file_and_key(tmp_path: Path) -> None:
@@ -204,3 +209,103 @@ def test_idle_probe_prints_one_json_line(tmp_path: Path) -> None:
     assert p.autostop_alive is False and p.since >= p.btime > 0
     # this test's process started before its pid file was written: a job of ours runs
     assert p.jobs == (f"train {os.getpid()}",)
+
+
+# What each cloud's VMs show in DMI (the values cloud-init's ds-identify matches, and AWS's
+# "Identify EC2 Linux instances"), and what a shutdown from inside does to the bill there
+CLOUDS = [
+    ({"chassis_asset_tag": "7783-7084-3265-9085-8269-3286-77",
+      "sys_vendor": "Microsoft Corporation"}, "Azure", "only 'Stopped (deallocated)' ends them"),
+    ({"product_name": "Alibaba Cloud ECS", "sys_vendor": "Alibaba Cloud"}, "Alibaba Cloud",
+     "StopCharging"),
+    ({"sys_vendor": "Tencent Cloud", "product_name": "CVM"}, "Tencent Cloud", "KEEP_CHARGING"),
+    ({"sys_vendor": "DigitalOcean", "product_name": "Droplet"}, "DigitalOcean",
+     "powered off are still billable"),
+    ({"sys_vendor": "Amazon EC2", "product_name": "g5.xlarge", "life_cycle": "spot"}, "AWS",
+     "one-time Spot instance is terminated when it shuts down"),
+]
+
+
+@pytest.mark.parametrize("seen,cloud,why", CLOUDS, ids=[c[1] for c in CLOUDS])
+def test_a_shutdown_that_leaves_the_vm_billed_or_deleted_is_refused(
+        seen: dict[str, str], cloud: str, why: str) -> None:
+    p = PLATFORMS["generic-vm"]
+    req = autostop.Request()
+    d = autostop.decide(p, req, "/root")
+    probe = {"dmi": seen, "life_cycle": seen.get("life_cycle", ""), "gpu_ok": True}
+    with pytest.raises(ProvisionError) as err:
+        autostop.check_probe(d, p, probe, "box")
+    assert str(err.value).startswith("box: autostop not set: ") and why in str(err.value)
+    assert cloud in str(err.value) or cloud == "AWS"
+
+
+def test_where_a_shutdown_ends_the_bill_cost_promises_the_saving_and_only_there() -> None:
+    p = PLATFORMS["generic-vm"]
+    d = autostop.decide(p, autostop.Request(), "/root")
+    aws = autostop.check_probe(d, p, {"dmi": {"sys_vendor": "Amazon EC2"},
+                                      "life_cycle": "on-demand", "gpu_ok": True}, "box")
+    assert aws.billing_ends is True and any("AWS: an EBS-backed instance stops" in n
+                                            for n in aws.notes)
+    xen = autostop.check_probe(d, p, {"dmi": {}, "hypervisor_uuid": "ec2e1916-9099-7caf",
+                                      "gpu_ok": True}, "box")  # Xen: /sys/hypervisor/uuid
+    assert any("did not say whether this is a Spot instance" in n for n in xen.notes)
+    unknown = autostop.check_probe(d, p, {"dmi": {"sys_vendor": "QEMU"}, "gpu_ok": False,
+                                          "gpu_text": "nvidia-smi is not installed"}, "box")
+    assert unknown.billing_ends is None  # a power-off ends the bill only if the provider says
+    req = autostop.Request()
+    state = {"idle_for": 0, "busy": "", "last_active": 999_000}
+    for dec, text in ((aws, "; then saves 2.00 USD/h"),
+                      (unknown, "; saves 2.00 USD/h only if the provider stops billing a "
+                                "powered-off machine (not known here)")):
+        p2 = probe(autostop_alive=True, autostop_config=autostop.config(dec, req),
+                   autostop_state=state)
+        r = cost.row("box", 2.0, "USD", p2)
+        assert r["autostop_text"].endswith(text)
+        assert r["autostop"]["saves_per_hour"] == (2.0 if dec is aws else None)
+
+
+def test_a_failing_gpu_check_refuses_only_an_action_that_loses_data() -> None:
+    broken = {"dmi": {}, "gpu_ok": False, "gpu_text": "nvidia-smi exit 18: Failed to "
+              "initialize NVML: Driver/library version mismatch"}
+    runpod = PLATFORMS["runpod"]
+    d = autostop.decide(runpod, autostop.Request(save="/root/ckpt"), "/root")
+    assert d.loses_data
+    with pytest.raises(ProvisionError, match="the GPU check fails here .nvidia-smi exit 18"):
+        autostop.check_probe(d, runpod, broken, "pod")
+    vast = PLATFORMS["vast"]  # its stop keeps the whole disk: only jobs count then
+    dv = autostop.decide(vast, autostop.Request(), "/root")
+    assert not dv.loses_data and autostop.check_probe(dv, vast, broken, "box") == dv
+    # the watchdog it renders counts the failing check as busy for the data-losing action only
+    req = autostop.Request(save="/root/ckpt")
+    assert "LOSES_DATA=1" in autostop.watchdog_script(d, req, runpod)
+    assert "LOSES_DATA=0" in autostop.watchdog_script(dv, autostop.Request(), vast)
+
+
+@pytest.mark.parametrize("state,alive,text", [
+    ({"dead": "POST u answered HTTP 410 Gone: the platform retired this API"}, False,
+     "stopped watching: POST u answered HTTP 410 Gone: the platform retired this API; run "
+     "autostop again once that is fixed"),
+    ({"gave_up": "3 stops were accepted and the machine kept running; last: x"}, False,
+     "failed: 3 stops were accepted and the machine kept running; last: x"),
+    ({"fired_at": 5, "result": "ran /usr/bin/shutdown (exit 0)"}, False,
+     "fired: ran /usr/bin/shutdown (exit 0)"),
+    ({"fired_at": 5, "stopping_since": 9, "result": "r", "pid": 3}, True,
+     "stop sent (r), waiting for the machine to go down"),
+    ({"pid": 3, "busy": "the GPU check fails: x"}, True, "running (pid 3): busy: the GPU check "
+     "fails: x")])
+def test_status_says_what_the_watchdog_did(state: dict[str, object], alive: bool,
+                                           text: str) -> None:
+    raw = {"set": True, "alive": alive, "state": {**state, "last_failure": "t: still running"},
+           "config": {"idle_text": "30m"}, "supervisor": "setsid", "rearm": "/w/rearm.sh"}
+    v = autostop.status_view("pod", raw, PLATFORMS["runpod"])
+    assert v["state_text"] == text and v["last_failure"] == "t: still running"
+    assert "put `bash /w/rearm.sh` before it" in v["reboot_text"]
+    row = cost.row("pod", 1.0, "USD", probe(autostop_alive=alive, autostop_config={"idle": 60},
+                                            autostop_state=raw["state"]))  # type: ignore[arg-type]
+    assert row["autostop_text"].endswith("; last failure: t: still running")
+    if state.get("dead") or state.get("gave_up"):
+        assert any("autostop will not stop this machine" in w for w in row["warnings"])
+
+
+def test_every_persistent_dir_is_searched_for_the_state() -> None:
+    assert autostop.persistent_dirs() == ["/root/autodl-fs", "/workspace"]
