@@ -119,6 +119,8 @@ class HostFacts:
     fabric: tuple[FabricState, ...] = ()  # per GPU, where the driver reports it
     uv_versions: tuple[str, ...] = ()  # our uv in ~/.gpu-provision/tools (ops/installer.py)
     running_jobs: tuple[tuple[str, int], ...] = ()  # (job id, supervisor pid) of ours that run
+    login: str = ""  # the user the SSH login is (id -un)
+    sudo_said: str = ""  # what `sudo -n true` answered where it failed ("a password is required")
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -367,6 +369,8 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         fabric=parse_fabric_states(*_out(probes, "fabric")),
         uv_versions=tuple(ln.strip() for ln in (_ok(probes, "uv_tools") or "").splitlines()
                           if ln.strip()),
+        login=(_ok(probes, "login") or "").strip(),
+        sudo_said=_sudo_said(uid, *_out(probes, "sudo")),
         running_jobs=tuple((w[0], int(w[1])) for w in (ln.split() for ln in
                            (_ok(probes, "jobs_running") or "").splitlines())
                            if len(w) == 2 and w[1].isdigit()),
@@ -400,3 +404,14 @@ def parse_secure_boot(text: str) -> bool | None:
     """``mokutil --sb-state``: "SecureBoot enabled" / "SecureBoot disabled"; else unknown."""
     m = re.search(r"SecureBoot (enabled|disabled)", text)
     return (m.group(1) == "enabled") if m else None
+
+
+def _sudo_said(uid: str, out: str, rc: int) -> str:
+    """Why ``sudo -n true`` failed, in sudo's words (its last line: "sudo: a password is
+    required"), or that it is not installed (bash: 127); "" where it worked or was not needed."""
+    if uid == "0" or rc == 0:
+        return ""
+    if rc == 127:
+        return "sudo is not installed"
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    return lines[-1] if lines else f"sudo -n exited {rc}"

@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import ProvisionError
 from ..facts.host import HostFacts
 from ..remote.templating import render
+from .privilege import as_login
 from .step import Outcome, Step, dict_result, inputs_hash
 
 CENTOS_VAULT = "https://vault.centos.org/7.9.2009"
@@ -85,6 +86,6 @@ def hold_step(facts: HostFacts, branch: int, open_modules: bool) -> Step:
             else ("nvidia-open" if open_modules else "cuda-drivers")
         pattern = ""
     body = render("setup/driver_hold.sh.j2", family=fam, pattern=pattern, fallback=fallback)
-    return Step("driver-hold", "so unattended upgrades cannot replace the driver under a running "
-                "job", action=f"hold the driver packages ({fallback})", body=body,
-                inputs=inputs_hash(branch=branch), needs_root=True)
+    return as_login(Step("driver-hold", "so unattended upgrades cannot replace the driver under a "
+                         "running job", action=f"hold the driver packages ({fallback})", body=body,
+                         inputs=inputs_hash(branch=branch), needs_root=True), facts)

@@ -166,6 +166,9 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
                 assert plan.facts is not None
                 steps.insert(0, step.then(plan.facts))
     out.executions += ex.executions
+    left = [c for c in plan.cannot if only is None or c.split(":", 1)[0] in only]
+    if left:  # all the login can do is done; the rest needs root: one line, and a failure
+        raise ProvisionError(f"{plan.host}: not run: {'; '.join(left)}")
     return out
 
 

@@ -18,6 +18,7 @@ from ..ops.conda import conda_step
 from ..ops.env import env_step, python_conflict
 from ..ops.installer import installer_decision
 from ..ops.layout import Layout, find_env, layout, ours
+from ..ops.privilege import THROUGH_SUDO, cannot_text, for_login
 from ..ops.secrets import secrets_step
 from ..ops.step import Step, nothing
 from ..ops.torch import judge_env_torch, packages_step, torch_step
@@ -57,6 +58,7 @@ class Plan:
     steps: tuple[Step, ...] = ()  # what bootstrap applies, in order
     layout: Layout | None = None
     facts: HostFacts | None = None
+    cannot: tuple[str, ...] = ()  # "step: why" for each step that needs root the login lacks
 
     def require_env(self, what: str) -> None:
         """Tasks that run in the env (validate, bench) need bootstrap to have made it."""
@@ -73,6 +75,7 @@ class Plan:
             "torch": self.torch.as_json() if self.torch else None,
             "risks": list(self.risks),
             "blocked": self.blocked,
+            "cannot": list(self.cannot),
         }
 
 
@@ -269,9 +272,18 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     if secrets:  # tokens change nothing validation measures; they go in before conda
         steps.insert(next(i for i, s in enumerate(steps) if s.name == "conda"),
                      secrets_step(facts, secrets, secrets_digest))
+    # steps that need root: "(through sudo)", or left out (named) where the login cannot
+    # become root; the rest, all in the login's home, goes ahead
+    steps, cannot = for_login(steps, facts)
+    if any(c.startswith("driver:") for c in cannot):  # no driver to validate against yet
+        steps = [nothing(s.name, "not run: the driver step cannot run for this login")
+                 if s.name == "validate" and s.changes else s for s in steps]
+    decisions = [_as_login(d, facts) if d.step == "driver" and d.changes else d
+                 for d in decisions]
     if blocked is None:
         blocked = busy_with_jobs(facts, host, steps)
     if blocked:  # bootstrap runs nothing then: the plan says so instead of promising work
+        cannot = []
         steps = [nothing(s.name, f"not run while blocked (would {s.label})") if s.changes else s
                  for s in steps]
         decisions = [Decision(d.step, None, f"not run while blocked (would {d.action}): {d.reason}")
@@ -288,4 +300,14 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                              validate_ops.host_resources(facts), f"recipe {settings.recipe}"))
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
                 risks=(*(torch.risks if torch else ()), *short), blocked=blocked,
-                steps=tuple(steps), layout=lay, facts=facts)
+                steps=tuple(steps), layout=lay, facts=facts, cannot=tuple(cannot))
+
+
+def _as_login(d: Decision, facts: HostFacts) -> Decision:
+    """The driver's decision as this login carries it out (ops/privilege.py)."""
+    assert d.action is not None
+    if facts.root:
+        return d
+    if facts.sudo:
+        return Decision(d.step, d.action + THROUGH_SUDO, d.reason)
+    return Decision(d.step, None, f"{cannot_text(d.action, facts)}. {d.reason}")
