@@ -341,6 +341,9 @@ def driver_task(c: Context, json_: bool = False) -> None:
             for d in [] if json_ else idle:
                 output.console.print(f"{s.target.name}: {d.step}: nothing to do - {d.reason}",
                                      markup=False)
+            left = [c for c in p.cannot if c.split(":", 1)[0] in DRIVER_STEPS]
+            if left:  # the login cannot become root: named above, and a failure
+                raise ProvisionError(f"{s.target.name}: not run: {'; '.join(left)}")
             return
         applied = s.apply(p, only=set(DRIVER_STEPS))
     if json_:
