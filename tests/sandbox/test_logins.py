@@ -72,3 +72,22 @@ def test_a_login_without_sudo_names_the_driver_step_and_runs_nothing_as_root(  #
         assert not [c for c in info.calls() if c["tool"] in ROOT_TOOLS]
     finally:
         harness.stop(info.id)
+
+
+def test_a_login_without_sudo_bootstraps_its_home_and_exits_0(hosts: Hosts, gp_home, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`alice` without sudo on a host where nothing needs root (no GPU): conda, the env and
+    torch go into her home, validation runs there, and bootstrap exits 0; every file is hers."""
+    info = hosts.fresh("cpu-only", login=ALICE)
+    try:
+        r = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path, timeout=900)
+        assert r.returncode == 0, r.stdout + r.stderr
+        f = facts_json(info, gp_home)
+        env = next(e for e in f["envs"] if e["name"] == "torch")
+        assert env["prefix"] == "/home/alice/miniconda3/envs/torch"
+        assert env["torch"].startswith("2.13.0")
+        for inside in ("/home/alice/miniconda3/envs/torch/bin/python",
+                       "/home/alice/.gpu-provision/steps/torch.json"):
+            assert info.path(inside).stat().st_uid == 2002, inside
+        assert not [c for c in info.calls() if c["tool"] in ROOT_TOOLS]
+    finally:
+        harness.stop(info.id)
