@@ -22,6 +22,7 @@ from .fabric import (
     parse_fabric_states,
     parse_nvswitches,
 )
+from .limits import Limits, parse_limits
 from .network import NetAddress, parse_default_route, parse_ip_addr
 from .nvidia import (
     STATE_TEXT,
@@ -121,6 +122,7 @@ class HostFacts:
     running_jobs: tuple[tuple[str, int], ...] = ()  # (job id, supervisor pid) of ours that run
     login: str = ""  # the user the SSH login is (id -un)
     sudo_said: str = ""  # what `sudo -n true` answered where it failed ("a password is required")
+    limits: Limits = Limits()  # cgroup memory/CPU, /dev/shm, open files, inodes (facts/limits.py)
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -370,6 +372,8 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         uv_versions=tuple(ln.strip() for ln in (_ok(probes, "uv_tools") or "").splitlines()
                           if ln.strip()),
         login=(_ok(probes, "login") or "").strip(),
+        limits=parse_limits(_ok(probes, "cgroup") or "", _ok(probes, "shm") or "",
+                            _ok(probes, "nofile") or "", _ok(probes, "inodes") or ""),
         sudo_said=_sudo_said(uid, *_out(probes, "sudo")),
         running_jobs=tuple((w[0], int(w[1])) for w in (ln.split() for ln in
                            (_ok(probes, "jobs_running") or "").splitlines())
