@@ -111,6 +111,8 @@ def _limits(f: HostFacts, severity: str) -> dict[str, str] | None:
 CHECKS: dict[str, Check] = {
     "host_limits": lambda f: _limits(f, "warn"),
     "host_limits_info": lambda f: _limits(f, "info"),
+    "gpu_cc_unreadable": lambda f: {"faults": " ".join(f"{x}." for x in f.gpu_faults)}
+    if f.gpu_faults else None,
     "fabric_manager_down": _fabric_manager_down,
     "nouveau_loaded": lambda f: {} if f.nouveau_loaded else None,
     "secure_boot": lambda f: {} if f.secure_boot else None,

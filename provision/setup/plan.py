@@ -180,6 +180,9 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     # Driver
     if not facts.has_nvidia_gpu:
         decisions.append(Decision("driver", None, "no NVIDIA GPU on the PCI bus: CPU-only host"))
+    elif facts.gpu_faults:  # a GPU nvidia-smi cannot read: nothing to build on
+        blocked = "; ".join(facts.gpu_faults)
+        decisions.append(Decision("driver", None, blocked))
     elif facts.nvidia_state == "ok" and facts.driver:
         try:
             torch = pick(facts.driver, facts.driver_cuda)

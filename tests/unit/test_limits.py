@@ -89,3 +89,23 @@ def test_a_host_without_limits_has_no_finding() -> None:
                        "tmpfs 24731184 0 24731184 0% /dev/shm", "20000\n20000",
                        "/root\t/dev/vda 16777216 553992 16223224 4% /")
     assert judge(lim, memory_gb=23.6, cpu_cores=2, container=True) == []
+
+
+def test_doctor_shows_the_same_judgement_and_the_unreadable_gpu() -> None:
+    """doctor's findings come from the same judge(): a Docker-like 64 MB /dev/shm on a captured
+    container's facts, and a GPU whose compute capability nvidia-smi answers as ERR!."""
+    from provision.doctor.match import diagnose
+    from tests.cases import captured
+    shm = (FX / "df-Pk-tmpfs-64m.txt").read_text()
+    facts = captured("autodl", {"shm": shm, "nofile": "1048576\n1048576"})
+    found = {d.id: d for d in diagnose({}, facts=facts)}
+    assert found["host-limits"].diagnosis.startswith("/dev/shm is 64 MB: DataLoader workers die")
+    assert "--shm-size=16g" in found["host-limits"].fix
+    h200 = captured("h200", {"smi_query": (
+        "index, name, driver_version, memory.total [MiB], memory.used [MiB], compute_cap, "
+        "utilization.gpu [%], pci.bus_id, uuid\n0, NVIDIA H200, 590.48.01, 143771 MiB, 0 MiB, "
+        "ERR!, 0 %, 00000000:83:00.0, GPU-00000000-0000-0000-0000-000000000000")})
+    assert h200.gpus[0].compute_cap == "9.0"  # the model's, so nothing downstream trips on it
+    err = {d.id: d for d in diagnose({}, facts=h200)}["gpu-cc-unreadable"]
+    assert err.diagnosis.startswith("GPU 0: nvidia-smi answers its compute capability as ERR!")
+    assert "Xid 79" in err.diagnosis and "\n" not in err.diagnosis
