@@ -81,6 +81,16 @@ def test_pick_needs_the_companions_and_says_which_is_missing() -> None:
     assert note.startswith("mirror http://m/whl has no 2.14.1+cu130 with torchvision 0.29.1; ")
 
 
+def test_a_mirror_with_torch_but_not_its_torchvision_says_exactly_that() -> None:
+    """Not "serves none of the torch releases": torch is there, its companion is not."""
+    e = _entry("cpu", {"torch": [f"torch-2.13.0+cpu-{CPU}.whl"], "torchvision": []})
+    cands = [{"torch": "2.13.0", "variant": "cpu", "torchvision": "0.28.0", "torchaudio": None}]
+    rc, cand, why = si.pick(cands, [e], "cp311")
+    assert (rc, cand) == (si.NONE_SERVED, None)
+    assert why == ("mirror http://m/whl has torch 2.13.0+cpu but no torchvision for it: list "
+                   "another mirror first, or set domain_libraries: false")
+
+
 def test_pick_stops_at_a_variant_not_read_and_says_when_none_is_served() -> None:
     cpu = _entry("cpu", {"torch": []})
     cands = _cands("2.14.1+cu130", "2.14.1+cu126")
