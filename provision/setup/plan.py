@@ -144,7 +144,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         check = judge_env_torch(facts, settings, platform_env)
         if not check.ok:
             lay = ours(lay, settings)
-            left_alone = (f"the platform's env {platform_env.name!r} keeps its torch "
+            left_alone = (f"{lay.owner}'s env {platform_env.name!r} keeps its torch "
                           f"{platform_env.torch}, unchanged ({check.reason}); ")
             platform_env = None
     # the rule is applied for the Python of the env the torch goes into
