@@ -10,7 +10,7 @@ from ..config.inventory import Settings
 from ..config.minimums import shortfalls
 from ..config.recipes import Platform
 from ..errors import NoWheelError, ProvisionError
-from ..facts.host import HostFacts, cc_from_name
+from ..facts.host import CondaEnv, HostFacts, cc_from_name
 from ..ops import driver as driver_ops
 from ..ops import fabric as fabric_ops
 from ..ops import validate as validate_ops
@@ -147,6 +147,17 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
             left_alone = (f"{lay.owner}'s env {platform_env.name!r} keeps its torch "
                           f"{platform_env.torch}, unchanged ({check.reason}); ")
             platform_env = None
+    for it in facts.image_torches:  # torch the image put outside conda: judged, never touched
+        if not it.torch:
+            continue
+        verdict = judge_env_torch(facts, settings, CondaEnv(
+            conda="", prefix=it.python_bin, name=it.python_bin, python=it.python, torch=it.torch,
+            torch_cuda=it.torch_cuda))
+        how = (f"passes the rule ({verdict.reason}), but only conda envs are used as they are"
+               if verdict.ok else f"fails the rule ({verdict.reason})")
+        decisions.append(Decision("image", None, f"{it.python_bin} ({it.kind} python "
+                                  f"{it.python or '?'}) has torch {it.torch}, which {how}: left "
+                                  "untouched, and the env below goes beside it"))
     # the rule is applied for the Python of the env the torch goes into
     python = platform_env.python if platform_env is not None and platform_env.python \
         else settings.python

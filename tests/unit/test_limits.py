@@ -109,3 +109,21 @@ def test_doctor_shows_the_same_judgement_and_the_unreadable_gpu() -> None:
     err = {d.id: d for d in diagnose({}, facts=h200)}["gpu-cc-unreadable"]
     assert err.diagnosis.startswith("GPU 0: nvidia-smi answers its compute capability as ERR!")
     assert "Xid 79" in err.diagnosis and "\n" not in err.diagnosis
+
+
+def test_torch_outside_conda_is_found_with_its_interpreter() -> None:
+    """What the image_torch probe prints for a torch/version.py (the captured 2.2.1+cu121 one)
+    in the system python's dist-packages, Debian's unversioned one, and a venv."""
+    from provision.facts.images import parse_image_torches
+    version_py = (FX.parent / "torch/version-py-2.2.1-cu121.txt").read_text()
+    tv = " ".join(ln.replace("'", "").replace(" ", "") for ln in version_py.splitlines()
+                  if ln.startswith(("__version__", "cuda")))  # as the probe's grep and tr do
+    text = "\n".join(f"{p}|{tv}" for p in (
+        "/usr/local/lib/python3.10/dist-packages/torch/version.py",
+        "/usr/lib/python3/dist-packages/torch/version.py",
+        "/workspace/venv/lib/python3.11/site-packages/torch/version.py"))
+    found = parse_image_torches(text, system_python="3.12")
+    assert [(t.kind, t.python_bin, t.python, t.torch, t.torch_cuda) for t in found] == [
+        ("system", "/usr/bin/python3.10", "3.10", "2.2.1+cu121", "12.1"),
+        ("system", "/usr/bin/python3.12", "3.12", "2.2.1+cu121", "12.1"),
+        ("venv", "/workspace/venv/bin/python", "3.11", "2.2.1+cu121", "12.1")]
