@@ -32,10 +32,11 @@ def parse_image_torches(text: str, system_python: str | None = None) -> tuple[Im
             continue
         vals = dict(re.findall(r"(__version__|cuda)(?::[^=\s]*)?=(\S+)", tv))
         cuda = vals.get("cuda")
-        m = re.match(r"^(.*)/lib/python(3\.\d+)?/(dist|site)-packages/torch/version\.py$", path)
+        m = re.match(r"^(.*)/lib/python3(\.\d+)?/(dist|site)-packages/torch/version\.py$", path)
         if not m:
             continue
-        prefix, py, where = m.group(1), m.group(2), m.group(3)
+        prefix, where = m.group(1), m.group(3)
+        py = f"3{m.group(2)}" if m.group(2) else None  # Debian's python3/: unversioned
         if prefix in ("/usr", "/usr/local"):
             kind = "system"
             py = py or system_python
