@@ -9,8 +9,8 @@ TEST_WORKERS ?= 3
 # Debian/Ubuntu packages the sandbox hosts use: sshd, the distro's Python with venv (stand-ins,
 # test installer), curl (downloads on the hosts), ss (listen check), unshare/nsenter, and
 # chromium (headless: the compare page's chart must render in a real browser), rsync (sync's
-# faster transport, on both ends of the sandbox link).
-SYSTEM_PACKAGES := openssh-server python3-venv curl iproute2 util-linux chromium rsync
+# faster transport, on both ends of the sandbox link), sudo (the hosts' logins that are not root).
+SYSTEM_PACKAGES := openssh-server python3-venv curl iproute2 util-linux chromium rsync sudo
 
 .PHONY: test lint demo system-deps clean
 
@@ -29,6 +29,7 @@ system-deps:
 	command -v nsenter >/dev/null || missing="$$missing util-linux"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
+	command -v sudo >/dev/null || missing="$$missing sudo"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; apt-get update -qq && \

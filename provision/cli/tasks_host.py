@@ -134,11 +134,20 @@ def validate(c: Context, env_name: str | None = None, recipe: str | None = None,
         p = s.plan(o, revalidate=True)
         p.require_env("validate")
         applied = s.apply(p, only={"validate"})
-    assert applied.report is not None
+    assert applied.report is not None and p.facts is not None
+    from ..facts.limits import judge as judge_limits
+    f = p.facts
+    limits = judge_limits(f.limits, memory_gb=f.memory_gb, cpu_cores=f.cpu_cores,
+                          container=f.virtualization.kind == "container")
     if json_:
-        output.print_json(_applied_json(applied))
+        output.print_json({**_applied_json(applied),
+                           "limits": [{"severity": x.severity, "text": x.text, "fix": x.fix}
+                                      for x in limits]})
     else:
         output.verdict_table(applied.host, applied.report, applied.report_path)
+        for x in limits:  # what the host lets a job use: the same judgement as doctor's
+            output.console.print(f"{applied.host}: {'warning' if x.severity == 'warn' else 'note'}"
+                                 f": {x.line}", markup=False, highlight=False)
     if applied.verdict == "FAIL":
         raise Exit(code=1)
     return {"steps": [(x.name, x.result, x.seconds) for x in applied.steps],
@@ -342,6 +351,9 @@ def driver_task(c: Context, json_: bool = False) -> None:
             for d in [] if json_ else idle:
                 output.console.print(f"{s.target.name}: {d.step}: nothing to do - {d.reason}",
                                      markup=False)
+            left = [c for c in p.cannot if c.split(":", 1)[0] in DRIVER_STEPS]
+            if left:  # the login cannot become root: named above, and a failure
+                raise ProvisionError(f"{s.target.name}: not run: {'; '.join(left)}")
             return
         applied = s.apply(p, only=set(DRIVER_STEPS))
     if json_:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from ..facts.fabric import fabric_ready, fabric_summary
 from ..facts.host import HostFacts
+from ..facts.limits import judge as judge_limits
 
 # Fact checks: each returns the placeholders it provides (a true value) or None.
 Check = Callable[[HostFacts], "dict[str, str] | None"]
@@ -96,7 +97,22 @@ def _fabric_manager_down(f: HostFacts) -> dict[str, str] | None:
             "fm_state": state + (f"; {summary}" if summary and summary not in state else "")}
 
 
+def _limits(f: HostFacts, severity: str) -> dict[str, str] | None:
+    """The limits a job will meet (facts/limits.py judges them; validate shows the same)."""
+    found = [x for x in judge_limits(f.limits, memory_gb=f.memory_gb, cpu_cores=f.cpu_cores,
+                                     container=f.virtualization.kind == "container")
+             if x.severity == severity]
+    if not found:
+        return None
+    return {"limits_text": "; ".join(x.text for x in found) + ".",
+            "limits_fix": " ".join(f"{x.fix}." for x in found if x.fix)}
+
+
 CHECKS: dict[str, Check] = {
+    "host_limits": lambda f: _limits(f, "warn"),
+    "host_limits_info": lambda f: _limits(f, "info"),
+    "gpu_cc_unreadable": lambda f: {"faults": " ".join(f"{x}." for x in f.gpu_faults)}
+    if f.gpu_faults else None,
     "fabric_manager_down": _fabric_manager_down,
     "nouveau_loaded": lambda f: {} if f.nouveau_loaded else None,
     "secure_boot": lambda f: {} if f.secure_boot else None,

@@ -22,6 +22,8 @@ from .fabric import (
     parse_fabric_states,
     parse_nvswitches,
 )
+from .images import ImageTorch, parse_image_torches
+from .limits import Limits, parse_limits
 from .network import NetAddress, parse_default_route, parse_ip_addr
 from .nvidia import (
     STATE_TEXT,
@@ -119,6 +121,11 @@ class HostFacts:
     fabric: tuple[FabricState, ...] = ()  # per GPU, where the driver reports it
     uv_versions: tuple[str, ...] = ()  # our uv in ~/.gpu-provision/tools (ops/installer.py)
     running_jobs: tuple[tuple[str, int], ...] = ()  # (job id, supervisor pid) of ours that run
+    gpu_faults: tuple[str, ...] = ()  # one line per GPU nvidia-smi cannot read (ERR!)
+    login: str = ""  # the user the SSH login is (id -un)
+    sudo_said: str = ""  # what `sudo -n true` answered where it failed ("a password is required")
+    limits: Limits = Limits()  # cgroup memory/CPU, /dev/shm, open files, inodes (facts/limits.py)
+    image_torches: tuple[ImageTorch, ...] = ()  # torch outside conda: system python3, venvs
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -265,6 +272,11 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         state = parse_failure(q_out, q_rc)
         if state is None:
             gpus = parse_query_gpu(q_out)
+    # nvidia-smi answers ERR! for a GPU it cannot talk to (fallen off the bus, Xid 79): one
+    # finding, and the model's compute capability, so that nothing downstream trips over it
+    faults = tuple(gpu_fault("?" if g.index is None else g.index, g.compute_cap) for g in gpus
+                   if g.compute_cap and not _readable_cc(g.compute_cap))
+    gpus = tuple(g if _readable_cc(g.compute_cap) else replace(g, compute_cap=None) for g in gpus)
     # a driver without the field, or one answering [N/A] for it: the model's, from its name
     gpus = tuple(g if g.compute_cap else replace(g, compute_cap=cc_from_name(g.name)) for g in gpus)
     detail = STATE_TEXT[state or "ok"]
@@ -282,12 +294,6 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         mx = load_compat().max_cuda_for_driver(dotted(driver))
         if mx:
             driver_cuda, cuda_source = ".".join(map(str, mx[:2])), "driver table"
-    for g in gpus:
-        if g.compute_cap:
-            try:
-                parse_compute_cap(g.compute_cap)
-            except ValueError:
-                warnings.append(f"GPU {g.index}: unreadable compute capability {g.compute_cap!r}")
 
     modules = _ok(probes, "modules") or ""
     mod_names = {ln.split()[0] for ln in modules.splitlines() if ln.strip()}
@@ -367,6 +373,15 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         fabric=parse_fabric_states(*_out(probes, "fabric")),
         uv_versions=tuple(ln.strip() for ln in (_ok(probes, "uv_tools") or "").splitlines()
                           if ln.strip()),
+        gpu_faults=faults,
+        image_torches=parse_image_torches(
+            _ok(probes, "image_torch") or "",
+            m.group(1) if (m := re.search(r"^python3 Python (3\.\d+)", _out(probes, "pythons")[0],
+                                          re.M)) else None),
+        login=(_ok(probes, "login") or "").strip(),
+        limits=parse_limits(_ok(probes, "cgroup") or "", _ok(probes, "shm") or "",
+                            _ok(probes, "nofile") or "", _ok(probes, "inodes") or ""),
+        sudo_said=_sudo_said(uid, *_out(probes, "sudo")),
         running_jobs=tuple((w[0], int(w[1])) for w in (ln.split() for ln in
                            (_ok(probes, "jobs_running") or "").splitlines())
                            if len(w) == 2 and w[1].isdigit()),
@@ -400,3 +415,34 @@ def parse_secure_boot(text: str) -> bool | None:
     """``mokutil --sb-state``: "SecureBoot enabled" / "SecureBoot disabled"; else unknown."""
     m = re.search(r"SecureBoot (enabled|disabled)", text)
     return (m.group(1) == "enabled") if m else None
+
+
+def _sudo_said(uid: str, out: str, rc: int) -> str:
+    """Why ``sudo -n true`` failed, in sudo's words (its last line: "sudo: a password is
+    required"), or that it is not installed (bash: 127); "" where it worked or was not needed."""
+    if uid == "0" or rc == 0:
+        return ""
+    if rc == 127:
+        return "sudo is not installed"
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    return lines[-1] if lines else f"sudo -n exited {rc}"
+
+
+def _readable_cc(cc: str | None) -> bool:
+    if not cc:
+        return True
+    try:
+        parse_compute_cap(cc)
+    except ValueError:
+        return False
+    return True
+
+
+def gpu_fault(index: int | str, answer: str) -> str:
+    """The one line for a GPU whose compute capability nvidia-smi answers as ERR! (NVIDIA's
+    Xid catalog: Xid 79, "GPU has fallen off the bus"; Xid 48, a double-bit ECC error)."""
+    return (f"GPU {index}: nvidia-smi answers its compute capability as {answer} (a GPU falling "
+            "off the bus): look for Xid 79 or 48 in `sudo dmesg` / `journalctl -k`; a GPU reset "
+            f"(`nvidia-smi -r -i {index}` with nothing running on it) or a reboot may bring it "
+            "back (in a container: ask the provider); if it happens again the card is faulty: "
+            "rent another")

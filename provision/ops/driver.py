@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import ProvisionError
 from ..facts.host import HostFacts
 from ..remote.templating import render
+from .privilege import as_login
 from .step import Outcome, Step, dict_result, inputs_hash
 
 CENTOS_VAULT = "https://vault.centos.org/7.9.2009"
@@ -62,14 +63,15 @@ def install_step(facts: HostFacts, branch: int, open_modules: bool, action: str,
     return Step("driver", reason, action=action, body=body,
                 inputs=inputs_hash(branch=branch, open=open_modules, os=facts.os.id),
                 read=read_driver, settle=confirm_driver,
-                then=partial(hold_step, branch=branch, open_modules=open_modules))
+                then=partial(hold_step, branch=branch, open_modules=open_modules), needs_root=True)
 
 
 def reboot_step(facts: HostFacts, reason: str) -> Step:
     """The driver's libraries were upgraded under the loaded module: the next boot loads the
     matching one."""
     return Step("driver", reason, action="reboot", body=REBOOT_BODY,
-                inputs=inputs_hash(boot=facts.boot_id), read=read_driver, settle=confirm_driver)
+                inputs=inputs_hash(boot=facts.boot_id), read=read_driver, settle=confirm_driver,
+                needs_root=True)  # the body only asks; the reboot the engine then runs needs root
 
 
 def hold_step(facts: HostFacts, branch: int, open_modules: bool) -> Step:
@@ -84,6 +86,6 @@ def hold_step(facts: HostFacts, branch: int, open_modules: bool) -> Step:
             else ("nvidia-open" if open_modules else "cuda-drivers")
         pattern = ""
     body = render("setup/driver_hold.sh.j2", family=fam, pattern=pattern, fallback=fallback)
-    return Step("driver-hold", "so unattended upgrades cannot replace the driver under a running "
-                "job", action=f"hold the driver packages ({fallback})", body=body,
-                inputs=inputs_hash(branch=branch))
+    return as_login(Step("driver-hold", "so unattended upgrades cannot replace the driver under a "
+                         "running job", action=f"hold the driver packages ({fallback})", body=body,
+                         inputs=inputs_hash(branch=branch), needs_root=True), facts)

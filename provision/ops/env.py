@@ -35,8 +35,8 @@ def python_conflict(facts: HostFacts, settings: Settings, lay: Layout) -> str | 
     if lay.adopted:
         if not settings.asked_by_user("python"):
             return None  # the recipe's Python is for envs we create; the platform's env has its own
-        return (f"the platform's env {lay.env_name!r} has python {env.python}, python "
-                f"{settings.python} is asked ({asked}): the platform's env is never replaced; "
+        return (f"{lay.owner}'s env {lay.env_name!r} has python {env.python}, python "
+                f"{settings.python} is asked ({asked}): {lay.owner}'s env is never replaced; "
                 f"drop {asked} to use it with python {env.python}, or name an env of ours for "
                 f"python {settings.python} beside it (--env-name NAME, or env_name: in the "
                 "inventory)")
@@ -61,12 +61,12 @@ def env_step(facts: HostFacts, settings: Settings, lay: Layout, why: str = "") -
         if lay.adopted:
             own = "" if env.python == settings.python or env.python is None else \
                 f"; the recipe's python {settings.python} is for envs gpu-provision creates"
-            return nothing("env", f"adopt the platform's env {lay.env_name!r} (python "
+            return nothing("env", f"adopt {lay.owner}'s env {lay.env_name!r} (python "
                                   f"{env.python}, torch {env.torch or 'none'}){own}")
         return nothing("env", f"{why}env exists: {lay.env_name!r} (python {env.python}, "
                               f"torch {env.torch or 'none'})")
     if lay.adopted:
-        return nothing("env", f"adopt the platform's env {lay.env_name!r} at {lay.env_prefix}")
+        return nothing("env", f"adopt {lay.owner}'s env {lay.env_name!r} at {lay.env_prefix}")
     have = env.python if env is not None and recreate else ""
     body = render("setup/env.sh.j2", root=lay.conda_root, name=lay.env_name, python=settings.python,
                   channels=settings.mirrors.conda_channels, repair=repair, recreate=recreate,

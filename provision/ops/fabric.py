@@ -82,4 +82,4 @@ def fabric_step(facts: HostFacts, touchable: bool) -> Step | None:
               else "enable and start nvidia-fabricmanager")
     return Step("fabric-manager", f"{board}: {why}; {ERR_802}", action=action, body=body,
                 inputs=inputs_hash(driver=driver, install=install, packages=packages),
-                read=read_fabric)
+                read=read_fabric, needs_root=True)

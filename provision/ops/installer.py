@@ -99,4 +99,8 @@ def installer_decision(facts: HostFacts, settings: Settings, changing: list[str]
         return None
     chosen = choose_installer(facts, settings)
     verb = "installs" if len(served) == 1 else "install"
-    return f"use {chosen.name}", f"{' and '.join(served)} {verb} with {chosen.name}: {chosen.why}"
+    # until our uv is on the host, whether a mirror serves it is the step's to find out: the
+    # plan does not promise it
+    hedge = " (or pip where the mirror has no uv)" if chosen.wheel and not chosen.present else ""
+    return (f"use {chosen.name}{hedge}",
+            f"{' and '.join(served)} {verb} with {chosen.name}: {chosen.why}")

@@ -22,6 +22,7 @@ class Layout:
     conda_root: str
     env_name: str
     adopted: bool  # the platform's env (AutoDL's base), not one of ours
+    owner: str = "the platform"  # whose env an adopted one is: the platform's, or the image's
 
     @property
     def env_prefix(self) -> str:
@@ -39,7 +40,20 @@ def layout(facts: HostFacts, settings: Settings, platform: Platform) -> Layout:
     # an env name set on the command line or in the inventory is one of ours, even where the
     # platform ships an env to adopt
     adopt = None if settings.asked_by_user("env_name") else platform.adopt_env
+    if adopt is None and not settings.asked_by_user("env_name") and image_base(facts, root):
+        # the image's own conda with torch in its base (the pytorch/pytorch images' /opt/conda,
+        # no platform marker): judged and kept or left alone as a platform's env is
+        return Layout(conda_root=root, env_name="base", adopted=True, owner="the image")
     return Layout(conda_root=root, env_name=adopt or settings.env_name, adopted=bool(adopt))
+
+
+def image_base(facts: HostFacts, root: str) -> bool:
+    """The conda at ``root`` came with the image and its base holds a torch: not a conda our
+    conda step installed (the journal records that step), not an env we made."""
+    if "conda" in facts.journal:
+        return False
+    base = next((e for e in facts.envs if e.prefix == root), None)
+    return base is not None and bool(base.torch) and base.prefix not in facts.own_envs
 
 
 def ours(lay: Layout, settings: Settings) -> Layout:
@@ -47,7 +61,7 @@ def ours(lay: Layout, settings: Settings) -> Layout:
     it is)."""
     name = settings.env_name if settings.env_name != lay.env_name and settings.env_name != "base" \
         else "torch"
-    return Layout(conda_root=lay.conda_root, env_name=name, adopted=False)
+    return Layout(conda_root=lay.conda_root, env_name=name, adopted=False, owner=lay.owner)
 
 
 def find_env(facts: HostFacts, lay: Layout) -> CondaEnv | None:

@@ -61,7 +61,7 @@ class Step:
     name: str
     reason: str
     action: str | None = None  # what it changes; None: nothing to do
-    body: str | None = None  # bash, run by provision/runtime.py
+    body: str | None = None  # bash, run by provision/remote/runtime.py
     inputs: str = ""  # hash of what it depends on (the host's journal keeps it)
     repair: bool = False  # redoes a run that was interrupted or left half done
     foreground: bool = False  # quick: run in the foreground, without a lock or journal
@@ -72,6 +72,9 @@ class Step:
     kept: Outcome | None = None  # nothing to do: what its last run reported
     uploads: tuple[Upload, ...] = ()
     lock: str = CONTRACT.locks.host  # the lock it holds while it runs (remote/contract.py)
+    # the body needs root (the driver, the package manager, /etc, a reboot): the runtime runs it
+    # as root, through `sudo -n` when the login is not root (provision/remote/runtime.py)
+    needs_root: bool = False
 
     def __post_init__(self) -> None:
         if (self.action is None) != (self.body is None):

@@ -99,8 +99,13 @@ def minimums_of(settings: Settings) -> dict[str, float]:
 
 
 def host_resources(facts: HostFacts) -> Resources:
-    """What the facts say a job on the host can use (before anything is installed)."""
-    return Resources(cpu_cores=facts.cpu_cores or None, memory_gb=facts.memory_gb or None,
+    """What the facts say a job on the host can use (before anything is installed): the
+    cgroup's memory limit and CPU quota where they are below what /proc and nproc show."""
+    lim = facts.limits
+    memory = min(facts.memory_gb, lim.memory_limit_gb) if lim.memory_limit_gb else facts.memory_gb
+    cores = min(facts.cpu_cores, max(1, int(lim.cpu_quota))) if lim.cpu_quota and \
+        facts.cpu_cores else facts.cpu_cores
+    return Resources(cpu_cores=cores or None, memory_gb=memory or None,
                      free_disk_gb={d.path: d.free_gb for d in facts.disks},
                      disk_total_gb={d.path: d.total_gb for d in facts.disks},
                      gpu_memory_gb=tuple(round(g.memory_total_mib / 1024, 1) for g in facts.gpus

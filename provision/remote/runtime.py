@@ -34,6 +34,8 @@ MARKER = CONTRACT.marker
 HEARTBEAT = CONTRACT.heartbeat  # stderr, every 2 s while a body runs
 NOTICE = CONTRACT.notice  # stderr: re-attaching, lock refused
 LOCKED = CONTRACT.locked  # the step script's exit code when another run holds the lock
+NO_ROOT = 77  # ... when a step that needs root meets a login that cannot become root
+NO_ROOT_NOTICE = "gpu-provision-noroot: "  # stderr: who the login is and what sudo said
 POLL = 0.25  # seconds between two looks at a growing log
 
 
@@ -113,6 +115,12 @@ def _finish(ex: Executor, name: str, r_stdout: str, r_stderr: str, exit_code: in
     if exit_code == LOCKED:
         raise ProvisionError(f"{ex.host}: {stderr.strip() or 'another run holds the lock'}"
                              f" - wait for it to finish, then run {again} again")
+    if exit_code == NO_ROOT:
+        said = next((ln.removeprefix(NO_ROOT_NOTICE) for ln in stderr.splitlines()
+                     if ln.startswith(NO_ROOT_NOTICE)), "the login cannot become root")
+        raise ProvisionError(f"{ex.host}: step {name!r} needs root and the {said}: nothing was "
+                             "changed; log in as root or as a user with passwordless sudo "
+                             "(NOPASSWD in /etc/sudoers.d), or have an admin run it")
     log, line = split_result(r_stdout)
     if exit_code != 0:
         # the caller that reports it adds the known failure (doctor.explain): this layer only
@@ -129,28 +137,41 @@ def _finish(ex: Executor, name: str, r_stdout: str, r_stderr: str, exit_code: in
 
 
 def detached_script(name: str, body: str, *, inputs: str = "", lock: str = HOST_LOCK,
-                    run: str = "", offset: int = 0) -> str:
-    """The one remote execution ``run_detached`` runs (templates/remote/step.sh.j2)."""
+                    run: str = "", offset: int = 0, needs_root: bool = False) -> str:
+    """The one remote execution ``run_detached`` runs (templates/remote/step.sh.j2).
+    ``needs_root``: the body runs as root (``sudo -n`` for a login that is not root; the lock,
+    log, journal and result stay the login's own files under its ~/.gpu-provision)."""
     return render("remote/step.sh.j2", name=name, inputs=inputs, lock=lock, run=run, owner=owner(),
                   body=body, offset=offset, poll=POLL, heartbeat=HEARTBEAT, marker=MARKER,
-                  locked=LOCKED)
+                  locked=LOCKED, needs_root=needs_root, noroot=NO_ROOT,
+                  noroot_notice=NO_ROOT_NOTICE)
 
 
-def foreground_script(name: str, body: str) -> str:
+def foreground_script(name: str, body: str, needs_root: bool = False) -> str:
     """The one remote execution ``run_foreground`` runs (templates/remote/foreground.sh.j2)."""
-    return render("remote/foreground.sh.j2", name=name, body=body, marker=MARKER)
+    return render("remote/foreground.sh.j2", name=name, body=body, marker=MARKER,
+                  needs_root=needs_root, noroot=NO_ROOT, noroot_notice=NO_ROOT_NOTICE)
+
+
+def root_script(script: str) -> str:
+    """``script`` run as root, as a step that needs root runs (for the reboot the engine asks
+    for after a step): exits NO_ROOT, saying why, where the login cannot become root."""
+    return render("remote/as_root.sh.j2", script=script, noroot=NO_ROOT,
+                  noroot_notice=NO_ROOT_NOTICE)
 
 
 def run_detached(ex: Executor, name: str, body: str, *, inputs: str = "",
                  lock: str = HOST_LOCK, run: str = "", offset: int = 0,
                  on_line: Callable[[str], None] | None = None,
-                 on_err: Callable[[str], None] | None = None, again: str = "the task") -> StepRun:
+                 on_err: Callable[[str], None] | None = None, again: str = "the task",
+                 needs_root: bool = False) -> StepRun:
     """Run ``body`` on the host as step ``name`` (one remote execution): detached (it goes on
     when the connection drops), under ``lock``, journaled with ``inputs``; re-attach to it when
     it still runs with the same inputs. Its log streams back from byte ``offset``: each line to
     ``on_line``, notices and heartbeats to ``on_err``. ``again`` names what the user runs to
     re-attach. Raises RemoteError (the output, and where the log is) when the body fails."""
-    script = detached_script(name, body, inputs=inputs, lock=lock, run=run, offset=offset)
+    script = detached_script(name, body, inputs=inputs, lock=lock, run=run, offset=offset,
+                             needs_root=needs_root)
     started = time.monotonic()
     try:
         r = ex.run(bash_script(script), step=name, check=False,
@@ -190,10 +211,10 @@ def run_follow(ex: Executor, name: str, where: str, *, offset: int = 0, lines: i
 
 
 def run_foreground(ex: Executor, name: str, body: str, stdin: str | None = None,
-                   again: str = "the task") -> StepRun:
+                   again: str = "the task", needs_root: bool = False) -> StepRun:
     """Run a quick ``body`` in the foreground (no lock, no journal of its own): for input that
     must never be written to a log on the host (``stdin``), and for small reads and writes."""
-    script = foreground_script(name, body)
+    script = foreground_script(name, body, needs_root)
     started = time.monotonic()
     r = ex.run(bash_script(script), step=name, check=False, stdin=stdin)
     return _finish(ex, name, r.stdout, r.stderr, r.exit_code, time.monotonic() - started, again,

@@ -22,7 +22,14 @@ from ..ops.step import Outcome, Step
 from ..remote.command import bash_script
 from ..remote.connection import AUTH_REFUSED, HOST_KEY_CHANGED
 from ..remote.executor import Executor
-from ..remote.runtime import Watch, run_detached, run_foreground
+from ..remote.runtime import (
+    NO_ROOT,
+    NO_ROOT_NOTICE,
+    Watch,
+    root_script,
+    run_detached,
+    run_foreground,
+)
 from ..store import Store, run_id
 from ..ui import console as output
 from .plan import Plan
@@ -75,8 +82,12 @@ def reboot_and_wait(ex: Executor, old_boot_id: str, again: Reconnect,
     """Reboot, wait for SSH with backoff, and require a NEW boot id (the facts say so).
     Returns the new connection, the plan from its facts, and the remote executions spent on
     the connections it closed (the old one, and any that still saw the old boot)."""
-    ex.run(bash_script("nohup sh -c 'sleep 1; reboot' >/dev/null 2>&1 &"), step="reboot",
-           check=False)
+    r = ex.run(bash_script(root_script("nohup sh -c 'sleep 1; reboot' >/dev/null 2>&1 &")),
+               step="reboot", check=False)
+    if r.exit_code == NO_ROOT:
+        raise ProvisionError(f"{ex.host}: the reboot needs root and the "
+                             f"{r.stderr.strip().removeprefix(NO_ROOT_NOTICE)}; reboot the host "
+                             "from the provider's console, then run bootstrap again")
     ex.conn.close()
     spent = ex.executions
     deadline = time.monotonic() + REBOOT_TIMEOUT
@@ -109,12 +120,14 @@ def run_step(ex: Executor, step: Step, run: str, console: Console,
     for up in step.uploads:
         ex.put(up.local, up.remote, step=step.name)
     if step.foreground:
-        result = run_foreground(ex, step.name, step.body, stdin=step.stdin, again=again)
+        result = run_foreground(ex, step.name, step.body, stdin=step.stdin, again=again,
+                                needs_root=step.needs_root)
     else:
         watch = Watch(lambda text: console.print(f"{ex.host}: {text}", markup=False,
                                                  highlight=False), step.name)
         result = run_detached(ex, step.name, step.body, inputs=step.inputs, lock=step.lock,
-                              run=run, on_line=watch.line, on_err=watch.err, again=again)
+                              run=run, on_line=watch.line, on_err=watch.err, again=again,
+                              needs_root=step.needs_root)
     return step.read(result.result)
 
 
@@ -153,6 +166,9 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
                 assert plan.facts is not None
                 steps.insert(0, step.then(plan.facts))
     out.executions += ex.executions
+    left = [c for c in plan.cannot if only is None or c.split(":", 1)[0] in only]
+    if left:  # all the login can do is done; the rest needs root: one line, and a failure
+        raise ProvisionError(f"{plan.host}: not run: {'; '.join(left)}")
     return out
 
 

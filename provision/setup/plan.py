@@ -10,7 +10,7 @@ from ..config.inventory import Settings
 from ..config.minimums import shortfalls
 from ..config.recipes import Platform
 from ..errors import NoWheelError, ProvisionError
-from ..facts.host import HostFacts, cc_from_name
+from ..facts.host import CondaEnv, HostFacts, cc_from_name
 from ..ops import driver as driver_ops
 from ..ops import fabric as fabric_ops
 from ..ops import validate as validate_ops
@@ -18,6 +18,7 @@ from ..ops.conda import conda_step
 from ..ops.env import env_step, python_conflict
 from ..ops.installer import installer_decision
 from ..ops.layout import Layout, find_env, layout, ours
+from ..ops.privilege import THROUGH_SUDO, cannot_text, for_login
 from ..ops.secrets import secrets_step
 from ..ops.step import Step, nothing
 from ..ops.torch import judge_env_torch, packages_step, torch_step
@@ -57,6 +58,7 @@ class Plan:
     steps: tuple[Step, ...] = ()  # what bootstrap applies, in order
     layout: Layout | None = None
     facts: HostFacts | None = None
+    cannot: tuple[str, ...] = ()  # "step: why" for each step that needs root the login lacks
 
     def require_env(self, what: str) -> None:
         """Tasks that run in the env (validate, bench) need bootstrap to have made it."""
@@ -73,6 +75,7 @@ class Plan:
             "torch": self.torch.as_json() if self.torch else None,
             "risks": list(self.risks),
             "blocked": self.blocked,
+            "cannot": list(self.cannot),
         }
 
 
@@ -141,9 +144,20 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         check = judge_env_torch(facts, settings, platform_env)
         if not check.ok:
             lay = ours(lay, settings)
-            left_alone = (f"the platform's env {platform_env.name!r} keeps its torch "
+            left_alone = (f"{lay.owner}'s env {platform_env.name!r} keeps its torch "
                           f"{platform_env.torch}, unchanged ({check.reason}); ")
             platform_env = None
+    for it in facts.image_torches:  # torch the image put outside conda: judged, never touched
+        if not it.torch:
+            continue
+        verdict = judge_env_torch(facts, settings, CondaEnv(
+            conda="", prefix=it.python_bin, name=it.python_bin, python=it.python, torch=it.torch,
+            torch_cuda=it.torch_cuda))
+        how = (f"passes the rule ({verdict.reason}), but only conda envs are used as they are"
+               if verdict.ok else f"fails the rule ({verdict.reason})")
+        decisions.append(Decision("image", None, f"{it.python_bin} ({it.kind} python "
+                                  f"{it.python or '?'}) has torch {it.torch}, which {how}: left "
+                                  "untouched, and the env below goes beside it"))
     # the rule is applied for the Python of the env the torch goes into
     python = platform_env.python if platform_env is not None and platform_env.python \
         else settings.python
@@ -177,6 +191,9 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     # Driver
     if not facts.has_nvidia_gpu:
         decisions.append(Decision("driver", None, "no NVIDIA GPU on the PCI bus: CPU-only host"))
+    elif facts.gpu_faults:  # a GPU nvidia-smi cannot read: nothing to build on
+        blocked = "; ".join(facts.gpu_faults)
+        decisions.append(Decision("driver", None, blocked))
     elif facts.nvidia_state == "ok" and facts.driver:
         try:
             torch = pick(facts.driver, facts.driver_cuda)
@@ -269,9 +286,18 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     if secrets:  # tokens change nothing validation measures; they go in before conda
         steps.insert(next(i for i, s in enumerate(steps) if s.name == "conda"),
                      secrets_step(facts, secrets, secrets_digest))
+    # steps that need root: "(through sudo)", or left out (named) where the login cannot
+    # become root; the rest, all in the login's home, goes ahead
+    steps, cannot = for_login(steps, facts)
+    if any(c.startswith("driver:") for c in cannot):  # no driver to validate against yet
+        steps = [nothing(s.name, "not run: the driver step cannot run for this login")
+                 if s.name == "validate" and s.changes else s for s in steps]
+    decisions = [_as_login(d, facts) if d.step == "driver" and d.changes else d
+                 for d in decisions]
     if blocked is None:
         blocked = busy_with_jobs(facts, host, steps)
     if blocked:  # bootstrap runs nothing then: the plan says so instead of promising work
+        cannot = []
         steps = [nothing(s.name, f"not run while blocked (would {s.label})") if s.changes else s
                  for s in steps]
         decisions = [Decision(d.step, None, f"not run while blocked (would {d.action}): {d.reason}")
@@ -288,4 +314,14 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                              validate_ops.host_resources(facts), f"recipe {settings.recipe}"))
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
                 risks=(*(torch.risks if torch else ()), *short), blocked=blocked,
-                steps=tuple(steps), layout=lay, facts=facts)
+                steps=tuple(steps), layout=lay, facts=facts, cannot=tuple(cannot))
+
+
+def _as_login(d: Decision, facts: HostFacts) -> Decision:
+    """The driver's decision as this login carries it out (ops/privilege.py)."""
+    assert d.action is not None
+    if facts.root:
+        return d
+    if facts.sudo:
+        return Decision(d.step, d.action + THROUGH_SUDO, d.reason)
+    return Decision(d.step, None, f"{cannot_text(d.action, facts)}. {d.reason}")

@@ -173,6 +173,17 @@ def pick(candidates: list[dict[str, Any]], entries: list[dict[str, Any]], py_tag
             return 0, dict(cand, index=found["url"].rstrip("/")), note
     if not candidates:
         return NONE_SERVED, None, "no candidates"
+    for cand in candidates:  # torch is there, a companion it needs is not: say exactly that
+        found = by_variant.get(cand["variant"])
+        if found is None or not has(found, "torch", cand["torch"], py_tag):
+            continue
+        lacking = [p for p in ("torchvision", "torchaudio")
+                   if cand.get(p) and has(found, p, cand[p], py_tag) is False]
+        if lacking:
+            return NONE_SERVED, None, (
+                f"mirror {found['base']} has torch {cand['torch']}+{cand['variant']} but no "
+                f"{' and no '.join(lacking)} for it: list another mirror first, or set "
+                "domain_libraries: false")
     first, last = candidates[0], candidates[-1]
     bases = sorted({e["base"] for e in by_variant.values()})
     there = "; ".join(f"{v}: {newest(e, py_tag) or 'none'}" for v, e in sorted(by_variant.items()))

@@ -228,7 +228,49 @@ def host(data_dir: str | None) -> dict[str, Any]:
                           "total_gb": round(u.total / 1e9, 1)})
         except OSError:
             disks.append({"path": path, "free_gb": None, "total_gb": None})
-    return {"cpu_cores": os.cpu_count() or 0, "memory_gb": round(mem, 1), "disks": disks}
+    mem_limit, cpu_quota = _cgroup_limits()
+    cores = os.cpu_count() or 0
+    return {"cpu_cores": min(cores, max(1, int(cpu_quota))) if cpu_quota else cores,
+            "memory_gb": round(min(mem, mem_limit) if mem_limit else mem, 1), "disks": disks}
+
+
+def _cgroup_limits():
+    """(memory limit GiB, CPU quota cores) of this process's cgroup, None where none is set:
+    in a container /proc/meminfo and os.cpu_count() are the machine's, the cgroup is what a job
+    gets (the facts read the same files: provision/facts/limits.py has the formats)."""
+    mems, cpus = [], []
+    cg, v1 = "", {}
+    try:
+        with open("/proc/self/cgroup") as f:
+            for ln in f:  # "0::/path" (v2), "4:memory:/path", "2:cpu,cpuacct:/path" (v1)
+                _, ctl, path = ln.strip().split(":", 2)
+                cg = path if ctl == "" else cg
+                for name in ctl.split(","):
+                    v1[name] = path.rstrip("/")
+    except (OSError, ValueError):
+        pass
+    for d in {"/sys/fs/cgroup", "/sys/fs/cgroup" + cg.rstrip("/")}:
+        mems.append(_cgroup_file(d + "/memory.max"))
+        quota, _, period = (_cgroup_file(d + "/cpu.max") or "").partition(" ")
+        if quota.isdigit() and period.isdigit() and int(period):
+            cpus.append(int(quota) / int(period))
+    for d in {"/sys/fs/cgroup/memory", "/sys/fs/cgroup/memory" + v1.get("memory", "")}:
+        mems.append(_cgroup_file(d + "/memory.limit_in_bytes"))
+    for d in {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct",
+              "/sys/fs/cgroup/cpu" + v1.get("cpu", "")}:
+        quota, period = _cgroup_file(d + "/cpu.cfs_quota_us") or "", _cgroup_file(d + "/cpu.cfs_period_us") or ""
+        if quota.isdigit() and period.isdigit() and int(period):
+            cpus.append(int(quota) / int(period))
+    limits = [int(m) / 1024 ** 3 for m in mems if m and m.isdigit() and int(m) < 1 << 62]
+    return (min(limits) if limits else None), (min(cpus) if cpus else None)
+
+
+def _cgroup_file(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def _uuid(props: Any) -> str | None:

@@ -91,6 +91,9 @@ def _plan(case: Mapping[str, Any], name: str, probes: Mapping[str, Any]) -> Plan
 def expectation(plan: Plan) -> dict[str, Any]:
     """What a case file's ``expect`` holds for ``plan``: the chosen build, the refusal, the
     risks, and every decision as [step, action, reason] ("none": nothing to do)."""
-    return {"torch": f"{plan.torch.torch}+{plan.torch.cuda}" if plan.torch else None,
-            "blocked": plan.blocked, "risks": list(plan.risks),
-            "decisions": [[d.step, d.action or "none", d.reason] for d in plan.decisions]}
+    out = {"torch": f"{plan.torch.torch}+{plan.torch.cuda}" if plan.torch else None,
+           "blocked": plan.blocked, "risks": list(plan.risks),
+           "decisions": [[d.step, d.action or "none", d.reason] for d in plan.decisions]}
+    if plan.cannot:  # steps that need root the login cannot run (only where there are some)
+        out["cannot"] = list(plan.cannot)
+    return out

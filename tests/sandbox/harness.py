@@ -71,7 +71,7 @@ def why_unavailable() -> str | None:
         return "sandbox hosts need root (mount namespaces, overlayfs, chroot)"
     if not Path(SSHD).exists():
         return f"{SSHD} missing: apt-get install openssh-server"
-    for tool in ("unshare", "ssh-keygen", "nsenter"):
+    for tool in ("unshare", "ssh-keygen", "nsenter", "sudo"):
         if not shutil.which(tool):
             return f"{tool} missing"
     probe = subprocess.run(["unshare", "--mount", "--uts", "true"], capture_output=True)
@@ -330,6 +330,7 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
         tools += ("ubuntu-drivers",)
     for name in ("yum-centos7-eol-mirrorlist-unreachable.txt",):
         shutil.copy(FIXTURES / "misc" / name, lib / "fixtures")
+    shutil.copytree(FIXTURES / "login", lib / "fixtures/login")  # a login that is not root
     for inside, capture in (profile.get("files") or {}).items():  # the distro's own files
         _write(up / inside.lstrip("/"), (FIXTURES / capture).read_text())
     for tool in tools:
@@ -378,6 +379,11 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
         nvswitch_board(up, lib, state, profile["fabric_manager"], FIXTURES)
     _write(lib / "state.json", json.dumps(state, indent=1))
     _write(lib / "calls.log", "")
+    if profile.get("login"):  # a login that is not root: it reads the stand-ins' state too
+        lib.chmod(0o777)      # (nvidia-smi answers any user; the privileged tools refuse it)
+        for name in ("state.json", "calls.log"):
+            (lib / name).chmod(0o666)
+        _add_login(up, profile["login"])
 
     # sshd
     etc = up / "etc/gpu-sandbox"
@@ -411,6 +417,28 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
         spec["dmi"] = yaml.safe_load((FIXTURES / profile["dmi"]).read_text())
     _write(root / "host.json", json.dumps(spec, indent=1))
     return spec
+
+
+def _add_login(upper: Path, login: dict[str, Any]) -> None:
+    """A user as cloud images and lab servers make them (``useradd -m``): passwd, group and
+    shadow entries ("*": no password, yet not locked, so sshd lets its key in), a home with our
+    key, and for ``sudo: true`` the rule cloud-init gives the default user of cloud images
+    (its default user config: ``sudo: ["ALL=(ALL) NOPASSWD:ALL"]``, written to
+    /etc/sudoers.d/90-cloud-init-users, mode 0440). Debian's real sudo then decides."""
+    user, uid = login["user"], int(login.get("uid", 2001))
+    for name, line in (("passwd", f"{user}:x:{uid}:{uid}::/home/{user}:/bin/bash"),
+                       ("group", f"{user}:x:{uid}:"), ("shadow", f"{user}:*:20000:0:99999:7:::")):
+        base = Path("/etc", name).read_text()
+        _write(upper / "etc" / name, base.rstrip("\n") + f"\n{line}\n",
+               0o640 if name == "shadow" else 0o644)
+    home = upper / "home" / user
+    _write(home / ".ssh/authorized_keys", client_key().with_suffix(".pub").read_text(), 0o600)
+    for p in (home, home / ".ssh", home / ".ssh/authorized_keys"):
+        os.chown(p, uid, uid)
+    (home / ".ssh").chmod(0o700)
+    if login.get("sudo"):
+        _write(upper / "etc/sudoers.d/90-cloud-init-users",
+               f"# User rules for {user}\n{user} ALL=(ALL) NOPASSWD:ALL\n", 0o440)
 
 
 def _set_password(upper: Path, password: str) -> None:
@@ -498,10 +526,11 @@ def start(profile_name: str, password: str | None = None, reboot_delay: float = 
     _wait_ssh(ip, port)
     key = str(client_key())
     inv = root / f"{hid}.yaml"
-    info = HostInfo(id=hid, profile=profile_name, host=ip, port=port, user="root", key=key,
+    user = (profile.get("login") or {}).get("user", "root")
+    info = HostInfo(id=hid, profile=profile_name, host=ip, port=port, user=user, key=key,
                     inventory=str(inv), root=str(root), mirror=mir, pid=hostd_pid)
     inv.write_text(yaml.safe_dump({
-        "host": ip, "port": port, "user": "root", "key": key,
+        "host": ip, "port": port, "user": user, "key": key,
         "notes": f"sandbox host {hid} ({profile['description'].strip()})",
         "mirrors": {"miniconda": mir["miniconda"], "pypi": mir["pypi"],
                     "pytorch": mir["pytorch"], "conda_channels": [mir["conda"]]},

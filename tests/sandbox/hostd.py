@@ -114,6 +114,7 @@ class Host:
         st["boots"] = st.get("boots", 0) + 1
         tmp = state_path.with_name("state.json.tmp")  # renamed: a reader never sees half of it
         tmp.write_text(json.dumps(st, indent=1))
+        tmp.chmod(state_path.stat().st_mode)  # as it was: a login that is not root reads it
         tmp.replace(state_path)
         (self.root / "boot_id").write_text(str(uuid.uuid4()) + "\n")
         with (self.lib / "reboots.log").open("a") as f:

@@ -18,7 +18,9 @@
   mirror without uv), projects whose files are altered on the way (under their genuine sha256).
 - ``/gated/<name>/pytorch/<variant>/``: the PyTorch indexes again, whose wheels stop after
   their first MiB while the test holds the gate ``<name>`` shut (``Gate``): an install that is
-  downloading for as long as the test needs it to be, on any machine, with no timing guess.
+  downloading for as long as the test needs it to be, on any machine, with no timing guess; or
+  (mode "stall") a mirror that stops sending mid-file and never resumes, or (mode "truncate")
+  one that closes the connection mid-file.
 
 Each wheel's link carries its core metadata's sha256 (PEP 658, under PEP 714's attribute name),
 served at the wheel's URL +
@@ -288,7 +290,25 @@ class Handler(SimpleHTTPRequestHandler):
                 self.wfile.write(chunk)
                 self.sent += len(chunk)
                 if self.gate and path.name.endswith(".whl"):
+                    if self.broken_at_gate():
+                        self.close_connection = True
+                        return  # the rest never comes: the client holds a short file
                     self.wait_at_gate()
+
+    def broken_at_gate(self) -> bool:
+        """A gate in mode "stall" holds the download after its first MiB without a byte more
+        until the gate is opened (a stuck CDN node), then ends it short; in mode "truncate" it
+        ends it short at once (Content-Length promised the whole file)."""
+        mode_file = self.content.root / "gates" / f"{self.gate}.mode"
+        mode = mode_file.read_text().strip() if mode_file.exists() else "hold"
+        if mode not in ("stall", "truncate"):
+            return False
+        shut = self.content.root / "gates" / self.gate
+        shut.with_name(f"{self.gate}.held").touch()
+        deadline = time.monotonic() + GATE_OPEN_AFTER
+        while mode == "stall" and shut.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return True
 
     def wait_at_gate(self) -> None:
         """Hold this download while the gate is shut; ``<gate>.held`` says one is held."""
@@ -567,14 +587,19 @@ class Gate:
     """A gate on the mirror's PyTorch indexes (``url``: a ``mirrors.pytorch`` prefix). Shut from
     the start: each wheel from there stops after its first MiB until ``open()``."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, mode: str = "hold"):
+        """``mode``: "hold" (the rest follows once opened), "stall" (no byte more; opening ends
+        the download short) or "truncate" (the download ends short at its first MiB)."""
         if not re.fullmatch(r"[a-z0-9-]+", name):
             raise ValueError(f"gate name {name!r}: lower-case letters, digits and '-' only")
+        if mode not in ("hold", "stall", "truncate"):
+            raise ValueError(f"gate mode {mode!r}: hold, stall or truncate")
         base = ensure()["url"]
         self.shut = _state_file().parent / "gates" / name
         self.held = self.shut.with_name(f"{name}.held")  # the handler makes it when it holds one
         self.shut.parent.mkdir(parents=True, exist_ok=True)
         self.held.unlink(missing_ok=True)
+        self.shut.with_name(f"{name}.mode").write_text(mode)
         self.shut.touch()
         self.url = f"{base}/gated/{name}/pytorch"
 

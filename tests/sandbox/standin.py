@@ -54,6 +54,7 @@ class State:
         tmp = STATE + ".tmp"
         with open(tmp, "w") as f:
             json.dump(self.data, f, indent=1)
+        os.chmod(tmp, os.stat(STATE).st_mode)  # a login that is not root reads it too
         os.replace(tmp, STATE)
 
     def close(self) -> None:
@@ -62,7 +63,39 @@ class State:
 
 def log_call(tool: str, argv: list[str]) -> None:
     with open(f"{ROOT}/calls.log", "a") as f:
-        f.write(json.dumps({"tool": tool, "argv": argv, "time": time.time()}) + "\n")
+        f.write(json.dumps({"tool": tool, "argv": argv, "time": time.time(),
+                            "uid": os.geteuid()}) + "\n")
+
+
+# What the privileged tools answer a login that is not root (tests/fixtures/login/, captured
+# from Debian's apt 2.6.1 as `nobody`; kmod's modprobe reports init_module's EPERM as
+# "could not insert '<module>': Operation not permitted" (kmod tools/modprobe.c); systemctl's
+# reboot without polkit's consent fails with sd-bus's "Interactive authentication required."
+# (systemd src/systemctl, the logind call's error)). Exit codes as the tools'.
+NOT_ROOT = {
+    ("apt-get", "update"): ("login/apt-get-update-nonroot-debian12.txt", 100),
+    ("apt-get", "install"): ("login/apt-get-install-nonroot-debian12.txt", 100),
+    ("apt-mark", "hold"): ("login/apt-mark-hold-nonroot-debian12.txt", 100),
+}
+
+
+def refuse_non_root(tool: str, args: list[str]) -> int | None:
+    """The real tool's failure for a login that is not root; None where it may go on."""
+    if os.geteuid() == 0:
+        return None
+    name = "apt-get" if tool == "apt" else tool
+    verb = next((a for a in apt_words(args)), "") if name in ("apt-get", "apt-mark") else ""
+    if (name, verb) in NOT_ROOT:
+        fx, rc = NOT_ROOT[(name, verb)]
+        sys.stderr.write(fixture(fx))
+        return rc
+    if name == "modprobe" and not any(a.startswith("-") for a in args):
+        err(*(f"modprobe: ERROR: could not insert '{m}': Operation not permitted" for m in args))
+        return 1
+    if name in ("reboot", "shutdown"):
+        err("Call to Reboot failed: Interactive authentication required.")
+        return 1
+    return None
 
 
 def fixture(name: str) -> str:
@@ -452,6 +485,7 @@ def ubuntu_drivers(args: list[str], st: dict) -> int:
         # apt-get runs as its own process, as ubuntu-drivers runs it: our state is saved first
         with open(st_path + ".tmp", "w") as f:
             json.dump(st, f, indent=1)
+        os.chmod(st_path + ".tmp", os.stat(st_path).st_mode)
         os.replace(st_path + ".tmp", st_path)
         subprocess.call(cmd, env={**os.environ, "GPU_SANDBOX_STATE_LOCKED": "1"})
         with open(st_path) as f:
@@ -943,6 +977,9 @@ def main() -> int:
     tool = os.path.basename(sys.argv[0])
     args = sys.argv[1:]
     log_call(tool, args)
+    refused = refuse_non_root(tool, args)
+    if refused is not None:
+        return refused
     if tool == "uname":  # no state: called often, and by ubuntu-drivers' apt-get under its lock
         return uname(args, {})
     if tool == "reboot" or (tool == "shutdown" and ("-r" in args or "--reboot" in args)):
@@ -955,6 +992,7 @@ def main() -> int:
         rc = TOOLS[tool](args, data)
         with open(STATE + ".tmp", "w") as f:
             json.dump(data, f, indent=1)
+        os.chmod(STATE + ".tmp", os.stat(STATE).st_mode)
         os.replace(STATE + ".tmp", STATE)
         return rc
     st = State()

@@ -41,9 +41,11 @@ EL9_KERNEL = "5.14.0-503.40.1.el9_5.x86_64"  # misc/uname-a-rocky9.5-5.14.0-503.
 
 
 def facts(os_release: str) -> HostFacts:
-    """HostFacts of a host whose os-release is the captured ``os_release`` file."""
+    """HostFacts of a host whose os-release is the captured ``os_release`` file, reached as
+    root (a login through sudo gets the same bodies: the runtime runs them as root)."""
     text = (FIXTURES / "os-release" / os_release).read_text()
-    return parse_facts({"v": 1, "probes": {"os_release": {"rc": 0, "out": text}}})
+    return parse_facts({"v": 1, "probes": {"os_release": {"rc": 0, "out": text},
+                                           "uid": {"rc": 0, "out": "0"}}})
 
 
 UBUNTU, DEBIAN = facts("ubuntu-20.04.1-rented-vm.txt"), facts("debian-12.txt")

@@ -127,7 +127,7 @@ def test_uv_is_fetched_checked_and_used_with_our_indexes_only(tmp_path: Path, we
     assert host.call("uv") == ["pip", "install", "--no-config", "--python", str(host.py),
                                "--index-strategy", "first-index",
                                "--index-url", "http://idx.example/simple/", "torch==2.13.0", "a b",
-                               "==", "UV_CACHE_DIR=/data/uv-cache"]
+                               "==", "UV_CACHE_DIR=/data/uv-cache", "UV_HTTP_TIMEOUT=2"]
     assert r.stdout.splitlines()[-1].startswith("received ")  # the progress line, at the end
 
     again = host.run([f"{web[0]}/simple"], digest, INSTALL)
@@ -145,7 +145,7 @@ def test_a_constraints_file_reaches_uv_and_pip(tmp_path: Path, web: tuple[str, P
                                     "/tmp/c.txt", "numpy"]
     assert host.run([], None, cmd).returncode == 0
     assert host.call("pip") == ["-m", "pip", "install", "--no-input", "--progress-bar", "off",
-                                "--disable-pip-version-check", "--timeout", "30", "-c",
+                                "--disable-pip-version-check", "--timeout", "2", "-c",
                                 "/tmp/c.txt", "numpy"]
 
 
@@ -159,7 +159,7 @@ def test_a_tampered_uv_is_refused_and_pip_installs(tmp_path: Path, web: tuple[st
             f"{web[0]}/simple: expected {'f' * 64}, got {got}") in r.stdout
     assert host.leftovers() == []  # nothing unpacked, no temporary folder left
     assert host.call("pip") == ["-m", "pip", "install", "--no-input", "--progress-bar", "off",
-                                "--disable-pip-version-check", "--timeout", "30", "--index-url",
+                                "--disable-pip-version-check", "--timeout", "2", "--index-url",
                                 "http://idx.example/simple/", "torch==2.13.0", "a b"]
     assert not (host.home / "uv-call").exists()
 

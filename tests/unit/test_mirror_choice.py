@@ -81,6 +81,16 @@ def test_pick_needs_the_companions_and_says_which_is_missing() -> None:
     assert note.startswith("mirror http://m/whl has no 2.14.1+cu130 with torchvision 0.29.1; ")
 
 
+def test_a_mirror_with_torch_but_not_its_torchvision_says_exactly_that() -> None:
+    """Not "serves none of the torch releases": torch is there, its companion is not."""
+    e = _entry("cpu", {"torch": [f"torch-2.13.0+cpu-{CPU}.whl"], "torchvision": []})
+    cands = [{"torch": "2.13.0", "variant": "cpu", "torchvision": "0.28.0", "torchaudio": None}]
+    rc, cand, why = si.pick(cands, [e], "cp311")
+    assert (rc, cand) == (si.NONE_SERVED, None)
+    assert why == ("mirror http://m/whl has torch 2.13.0+cpu but no torchvision for it: list "
+                   "another mirror first, or set domain_libraries: false")
+
+
 def test_pick_stops_at_a_variant_not_read_and_says_when_none_is_served() -> None:
     cpu = _entry("cpu", {"torch": []})
     cands = _cands("2.14.1+cu130", "2.14.1+cu126")
@@ -237,7 +247,8 @@ def test_the_body_installs_the_newest_the_mirror_serves(tmp_path: Path, index: s
     assert (f"mirror {index} has no 2.14.1+cpu; newest there 2.13.0 (for python "
             f"{sys.version_info[0]}.{sys.version_info[1]}): installing 2.13.0 instead") in r.stdout
     assert f"pip install torch==2.13.0 --index-url {index}/cpu/" in r.stdout
-    assert "No module named pip" in r.stderr and r.returncode == 1  # where pip would install
+    # where pip would install (its output goes to the log with the rest: stdout here)
+    assert "No module named pip" in r.stdout and r.returncode == 1
     assert f"installer: pip, as uv {load_uv().version} cannot be had: no PyPI mirror has it: " \
         f"{index}-pypi (HTTP 404);" in r.stdout
     [line] = [p.read_text() for p in cache.glob("*.json")]

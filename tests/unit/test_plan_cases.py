@@ -21,6 +21,7 @@ def test_plan_case(path: Path) -> None:
     assert got["blocked"] == want.get("blocked")
     assert got["risks"] == want.get("risks", [])
     assert got["decisions"] == want["decisions"]
+    assert got.get("cannot", []) == want.get("cannot", [])
 
 
 def test_the_cases_cover_every_decision_kind() -> None:
