@@ -22,6 +22,7 @@ from ..wheels.rule import TorchChoice
 from ..wheels.simpleindex import variant_index
 from .conda import configured_pypi
 from .layout import Layout, expand_home
+from .login import login_block_script
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
 REVALIDATE_AFTER = 6 * 3600  # seconds: an unchanged host is measured again after this long
@@ -46,7 +47,7 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
                        "checked has changed (`validate` measures again)", kept=Outcome(verdict="PASS"))
     body = render("setup/validate.sh.j2", python_bin=lay.python_bin, script=script,
                   config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
-                  inputs=h)
+                  inputs=h, login=login_block_script())
     also = "; TFLOPS and bandwidth against the datasheet" if config["reference"] else ""
     what = f"{expected} GPU(s): torch imports, sees every GPU, matmul matches the CPU{also}" \
         if expected else "CPU mode: torch imports, the CPU build, a matmul on the CPU" \

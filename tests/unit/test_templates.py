@@ -103,7 +103,9 @@ def test_every_template_is_covered() -> None:
                        "sync/sync_list.sh.j2", "sync/sync_host.sh.j2", "sync/sync_watch.sh.j2",
                        "money/autostop_watchdog.sh.j2", "money/autostop_ctl.sh.j2", "money/idle_probe.sh.j2",
                        # fit --measure: tests/unit/test_fit_measure.py
-                       "fit/measure.sh.j2", "fit/measure_run.py", "fit/measure_hook.py"}
+                       "fit/measure.sh.j2", "fit/measure_run.py", "fit/measure_hook.py",
+                       # the login block and shell: tests/unit/test_access.py
+                       "setup/_login.sh.j2", "setup/login_forget.sh.j2", "access/shell.sh.j2"}
 
 
 def test_bench_script_renders_and_runs_without_torch(cpu_host: HostFacts, http_servers: tuple[str, str],
