@@ -20,7 +20,6 @@ from provision.errors import ProvisionError, UsageError
 from provision.ops.login import forget_login_step, login_block_script
 from provision.remote.runtime import foreground_script, split_result
 
-
 # --- forward: specs and local ports -------------------------------------------------------------
 
 def test_port_specs() -> None:
