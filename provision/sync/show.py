@@ -47,14 +47,18 @@ def transfer_bar(label: str, out: Console = err_console
 
 
 def sync_report(r: Mapping[str, Any], out: Console = console) -> None:
-    arrow = "->" if r["direction"] == "up" else "<-"
-    head = f"sync {r['direction']}: {r['host']}: {r['source']} {arrow} {r['dest']}"
+    # the source first, always: a download reads host -> here, and says it fetched
+    up = r["direction"] == "up"
+    src = f"{r['host']}:{r['source']}" if not up else r["source"]
+    dest = f"{r['host']}:{r['dest']}" if up else r["dest"]
+    head = f"sync {r['direction']}: {src} -> {dest}"
+    verb, verbs = ("send", "sent") if up else ("fetch", "fetched")
     if r["dry_run"]:
         out.print(text(f"{head} (dry run: nothing was moved)"))
-        out.print(text(f"would send {r['files']} file(s), {human(r['bytes'])} by {r['transport']} "
-                  f"({r['transport_why']}); {r['same']} already the same"))
+        out.print(text(f"would {verb} {r['files']} file(s), {human(r['bytes'])} by "
+                       f"{r['transport']} ({r['transport_why']}); {r['same']} already the same"))
         for name in r["planned"][:SHOWN]:
-            out.print(text(f"  send {name}"))
+            out.print(text(f"  {verb} {name}"))
         if len(r["planned"]) > SHOWN:
             out.print(text(f"  ... and {len(r['planned']) - SHOWN} more"))
         for name in r["deletions"][:SHOWN]:
@@ -66,7 +70,7 @@ def sync_report(r: Mapping[str, Any], out: Console = console) -> None:
     rate = f", {r['mbs']} MB/s" if r.get("mbs") else ""
     resumed = f"; {human(r['resumed_bytes'])} were already there from a cut run" \
         if r["resumed_bytes"] else ""
-    out.print(text(f"sent {r['files']} file(s), {human(r['sent_bytes'])} in {r['seconds']:.1f}s"
+    out.print(text(f"{verbs} {r['files']} file(s), {human(r['sent_bytes'])} in {r['seconds']:.1f}s"
               f"{rate} by {r['transport']}{resumed}; {r['same']} already the same"
               + (f"; deleted {r['deleted']}" if r["deleted"] else "")))
     if r["files"]:

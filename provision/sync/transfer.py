@@ -71,6 +71,7 @@ class Options:
     delete: bool = False
     dry_run: bool = False
     transport: str = "auto"  # auto | rsync | sftp
+    only: frozenset[str] | None = None  # up: send only these files below the folder (git's list)
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,8 @@ def sync_up(ex: Executor, target: Target, src: Path, dest: str | None, opts: Opt
     local = walk_local(src, excludes)
     if local.kind == "-":
         raise ProvisionError(f"{src}: no such file or folder here")
+    if opts.only is not None and local.kind == "d":
+        local = replace(local, files={k: e for k, e in local.files.items() if k in opts.only})
     name = src.name
     host = resolve(ex, target, landing(dest, name) if dest is not None else None, name)
     there = host.side
