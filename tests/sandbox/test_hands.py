@@ -419,3 +419,21 @@ def test_run_sends_the_code_and_runs_in_it(box: tuple[harness.HostInfo, str], gp
     assert (r.returncode, r.stderr.strip()) == (
         2, f"error: --code {tmp_path / 'nope'}: no such folder here; give the project's folder "
            "(default: the current one), or --no-code")
+
+
+def test_sync_takes_src_and_dest_as_scp_does(box: tuple[harness.HostInfo, str], gp_home: Path,
+                                             tmp_path: Path) -> None:
+    info, inv = box
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "a.txt").write_text("a\n")
+    r = gpu_provision("-H", inv, "sync", "up", "ds", "/root/elsewhere", home=gp_home, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert info.path("/root/elsewhere/a.txt").read_text() == "a\n"
+    assert r.stdout.splitlines()[0] == f"sync up: {tmp_path / 'ds'} -> box:/root/elsewhere"
+    r = gpu_provision("-H", inv, "sync", "down", "/root/elsewhere", "back", home=gp_home,
+                      cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "back" / "a.txt").read_text() == "a\n"
+    head, said = r.stdout.splitlines()[:2]
+    assert head == f"sync down: box:/root/elsewhere -> {tmp_path / 'back'}"
+    assert said.startswith("fetched 1 file(s), 2 B in ")
