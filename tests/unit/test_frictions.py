@@ -4,16 +4,20 @@ download, `sync up SRC DEST`."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from provision.cli.argv import rewrite
 from provision.cli.main import namespace
+from provision.config.inventory import load_inventory
+from provision.errors import ConfigError
 from provision.sync.show import sync_report
 
 TASKS = set(namespace.task_names)
@@ -92,3 +96,39 @@ def test_sync_src_dest_as_scp_and_rsync_take_them() -> None:
                             "--dest", "./back/"]
     program.normalize_argv(["gp", "-H", "box", "sync", "up", "./data"])  # the one-path form
     assert program.argv == ["gp", "-H", "box", "sync", "up", "./data"]
+
+
+def test_an_unknown_inventory_key_names_the_nearest(tmp_path: Path) -> None:
+    inv = tmp_path / "box.yaml"
+    inv.write_text("host: 203.0.113.10\nprice_per_hour: 0.4\ncurency: EUR\n")
+    with pytest.raises(ConfigError) as e:
+        load_inventory(inv)
+    assert str(e.value).startswith(f"{inv}:3: curency: unknown key (did you mean 'currency'? "
+                                   "allowed: ")
+
+
+def test_a_timeout_says_how_long_it_waited() -> None:
+    """An unroutable address: SYNs dropped (a timeout, said as the wait it was), or "no route"
+    (paramiko hands EHOSTUNREACH over inside NoValidConnectionsError, which read as a refusal);
+    only a refusal is a refusal."""
+    import paramiko
+
+    from provision.config.inventory import Target
+    from provision.remote.connection import classify
+
+    t = Target(name="box", host="10.255.255.1", port=22)
+    timed_out = TimeoutError("timed out")
+    assert str(classify(t, timed_out, timeout=15, waited=31.2)) == (
+        "box: timeout: no answer from 10.255.255.1:22 after 31s (-t is 15s) (host down, wrong "
+        "port, or a firewall; -t SECONDS waits longer)")
+    assert "within 15s" in str(classify(t, timed_out, timeout=15, waited=15.1))
+    no_route = paramiko.ssh_exception.NoValidConnectionsError(
+        {("10.255.255.1", 22): OSError(errno.EHOSTUNREACH, "No route to host")})
+    assert str(classify(t, no_route, timeout=15, waited=3.1)).startswith(
+        "box: unreachable: no route to 10.255.255.1:22 after 3s")
+    no_net = OSError(errno.ENETUNREACH, "Network is unreachable")
+    assert str(classify(t, no_net, timeout=15, waited=0.0)).startswith(
+        "box: unreachable: no route to 10.255.255.1:22 after 0s")
+    refused = paramiko.ssh_exception.NoValidConnectionsError(
+        {("10.255.255.1", 22): ConnectionRefusedError(errno.ECONNREFUSED, "refused")})
+    assert "refused the connection" in str(classify(t, refused, timeout=15, waited=0.1))
