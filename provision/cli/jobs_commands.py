@@ -353,7 +353,7 @@ def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None 
     store = Store()
 
     def one(target: Target) -> HostJobs:
-        with opened([target], store) as [s]:
+        with opened([target], store, keep_log=False) as [s]:  # read-only: no run folder
             found = remote.list_jobs(s.ex)
         return replace(found, host=target.name, jobs=tuple(replace(j, host=target.name)
                                                             for j in found.jobs))

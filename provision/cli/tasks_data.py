@@ -194,6 +194,7 @@ def cost(c: Context, json_: bool = False) -> None:
 
     target = target_of(c)
     with session(target, Store(), _notify) as s:
+        s.ex.log_dir = None  # read-only: no run folder
         p = cost_mod.probe(s.ex)
     price, currency = cost_mod.price_of(target.settings)
     line = cost_mod.row(target.name, price, currency, p)

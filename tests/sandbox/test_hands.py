@@ -437,3 +437,19 @@ def test_sync_takes_src_and_dest_as_scp_does(box: tuple[harness.HostInfo, str], 
     head, said = r.stdout.splitlines()[:2]
     assert head == f"sync down: box:/root/elsewhere -> {tmp_path / 'back'}"
     assert said.startswith("fetched 1 file(s), 2 B in ")
+
+
+def test_demo_runs_again_over_the_pin_its_last_run_left(box: tuple[harness.HostInfo, str],
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    """`make demo` twice: the second run's host is new but its inventory's path is the first
+    run's, so the pin the first left (another key under that name) must not stop it."""
+    from tests.sandbox import demo
+    info, _ = box
+    known = harness.sandbox_dir() / "demo-home" / "known_hosts"
+    known.parent.mkdir(parents=True, exist_ok=True)
+    other = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                            str(known.parent / "last-run-key")], check=True)
+    assert other.returncode == 0
+    pub = (known.parent / "last-run-key.pub").read_text().split()[:2]
+    known.write_text(f"inventory:{Path(info.inventory).resolve()} {' '.join(pub)}\n")
+    assert demo.run(info, [["facts"]]) == 0, capfd.readouterr()
