@@ -440,6 +440,7 @@ def test_sync_takes_src_and_dest_as_scp_does(box: tuple[harness.HostInfo, str], 
 
 
 def test_demo_runs_again_over_the_pin_its_last_run_left(box: tuple[harness.HostInfo, str],
+                                                        tmp_path: Path,
                                                         capfd: pytest.CaptureFixture[str]) -> None:
     """`make demo` twice: the second run's host is new but its inventory's path is the first
     run's, so the pin the first left (another key under that name) must not stop it."""
@@ -447,9 +448,20 @@ def test_demo_runs_again_over_the_pin_its_last_run_left(box: tuple[harness.HostI
     info, _ = box
     known = harness.sandbox_dir() / "demo-home" / "known_hosts"
     known.parent.mkdir(parents=True, exist_ok=True)
-    other = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
-                            str(known.parent / "last-run-key")], check=True)
-    assert other.returncode == 0
-    pub = (known.parent / "last-run-key.pub").read_text().split()[:2]
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                    str(tmp_path / "last-run-key")], check=True)
+    pub = (tmp_path / "last-run-key.pub").read_text().split()[:2]
     known.write_text(f"inventory:{Path(info.inventory).resolve()} {' '.join(pub)}\n")
     assert demo.run(info, [["facts"]]) == 0, capfd.readouterr()
+
+
+def test_read_only_tasks_write_no_run_folder(box: tuple[harness.HostInfo, str], gp_home: Path,
+                                             tmp_path: Path) -> None:
+    _, inv = box
+    cwd = tmp_path / "repo"
+    cwd.mkdir()
+    for task in (["jobs", "--json"], ["cost", "--json"], ["watch", "--once", "--json"],
+                 ["shell", "--", "true"], ["ssh-config"]):
+        r = gpu_provision("-H", inv, *task, home=gp_home, cwd=cwd)
+        assert r.returncode == 0, (task, r.stderr)
+        assert list(cwd.iterdir()) == [], task
