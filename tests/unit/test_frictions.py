@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,42 @@ def test_a_timeout_says_how_long_it_waited() -> None:
     refused = paramiko.ssh_exception.NoValidConnectionsError(
         {("10.255.255.1", 22): ConnectionRefusedError(errno.ECONNREFUSED, "refused")})
     assert "refused the connection" in str(classify(t, refused, timeout=15, waited=0.1))
+
+
+PUBLISHED = Path(__file__).resolve().parents[2] / "bench" / "published"
+
+
+def _compare(cwd: Path, *args: str, hide_matplotlib: bool = False
+             ) -> subprocess.CompletedProcess[str]:
+    hide = "sys.modules['matplotlib'] = None; " if hide_matplotlib else ""  # as if not installed
+    code = (f"import sys; {hide}sys.argv = ['gpu-provision', 'compare', *sys.argv[1:]]; "
+            "from provision.cli.main import main; main()")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_compare_prints_its_table_without_the_chart_extra(tmp_path: Path) -> None:
+    r = _compare(tmp_path, "--report", "published", hide_matplotlib=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("compare: value for money, sorted by per TFLOP-hour, cheapest")
+    assert "lambda-h100-sxm" in r.stdout
+    assert "no chart: matplotlib is not installed (the 'chart' extra)" in r.stderr
+
+
+def test_compare_published_adds_to_yours_and_sorts_by_the_column_it_names(tmp_path: Path) -> None:
+    mine = json.loads(next(PUBLISHED.glob("*.json")).read_text())
+    mine.update(host="my-box", published=None, tflops={"bf16": 2000.0}, price_per_hour=9.0)
+    (tmp_path / "reports" / "my-box").mkdir(parents=True)
+    (tmp_path / "reports" / "my-box" / "bench-20261201-120000.json").write_text(json.dumps(mine))
+    r = _compare(tmp_path, "--report", "published", "--json")
+    hosts = [row["host"] for row in json.loads(r.stdout)]
+    assert "my-box" in hosts and any("(published)" in h for h in hosts), r.stderr
+    r = _compare(tmp_path, "--report", "published", "--sort", "tflops", "--json")
+    tflops = [row["tflops"] for row in json.loads(r.stdout)]
+    assert tflops == sorted(tflops, reverse=True) and tflops[0] == 2000.0
+    r = _compare(tmp_path, "--report", "published", "--sort", "tflops", hide_matplotlib=True)
+    assert r.stdout.startswith("compare: value for money, sorted by TFLOPS, highest first")
+    r = _compare(tmp_path, "--sort", "speed")
+    assert (r.returncode, r.stderr.strip()) == (2, "error: --sort 'speed': one of auto, "
+                                                "per-1m-samples, per-tflop-hour, price, tflops, "
+                                                "samples, download")
