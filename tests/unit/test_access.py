@@ -225,3 +225,26 @@ def test_shell_command_runs_in_the_env_in_the_data_dir_words_as_given(home: Path
     assert lines[2] == f"{home}/miniconda3/envs/torch/bin"
     r = _bash(home, sh.shell_script([], ["bash", "-c", "exit 7"]))
     assert r.returncode == 7
+
+
+# --- serving recipes --------------------------------------------------------------------------
+
+def test_the_vllm_recipe_serves_on_the_loopback_and_says_how_to_check_it() -> None:
+    from provision.config.recipes import Serve, load_recipe
+    r = load_recipe("vllm")
+    assert r.serve == Serve(8000, "/v1/models")
+    i = r.job.index("--host")
+    assert r.job[i + 1] == "127.0.0.1" and r.job[r.job.index("--port") + 1] == "8000"
+    assert "vllm" in r.packages and r.torch
+
+
+def test_a_serve_entry_needs_its_port(tmp_path: Path) -> None:
+    from provision.config.recipes import load_recipe
+    from provision.errors import ConfigError
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "srv.yaml").write_text("serve:\n  check: /health\n")
+    with pytest.raises(ConfigError, match="serve: needs port:"):
+        load_recipe("srv", tmp_path)
+    (tmp_path / "recipes" / "srv.yaml").write_text("serve:\n  port: 8000\n  check: health\n")
+    with pytest.raises(ConfigError, match="a path, e.g. /v1/models"):
+        load_recipe("srv", tmp_path)
