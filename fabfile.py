@@ -21,6 +21,7 @@ from provision.cli.tasks_host import (  # noqa: F401
     logs,
     pick,
     plan,
+    prune,
     refresh_compat,
     repin,
     run,

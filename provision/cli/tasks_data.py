@@ -202,3 +202,29 @@ def cost(c: Context, json_: bool = False) -> None:
         output.print_json(line)
     else:
         output_data.cost_table([line])
+
+
+@task(help={"older": "remove what is older than this, e.g. 7d, 12h (default 7d)",
+            "dry_run": "list what would go; remove nothing",
+            "json": "print what was removed as JSON"})
+@reports_errors
+def prune(c: Context, older: str = "7d", dry_run: bool = False, json_: bool = False) -> None:
+    """Local: remove old run logs and reports (each host's newest run and newest report of each
+    kind stay: doctor, run and compare read them).
+
+    Example: gpu-provision prune --older 7d
+    """
+    from ..money.autostop import parse_duration
+    from ..store import Store
+    from ..ui import console as output
+
+    store = Store()
+    gone = store.prune(parse_duration(older, "--older"), dry_run=dry_run)
+    if json_:
+        output.print_json({"removed": [str(p) for p in gone], "dry_run": dry_run})
+        return
+    verb = "would remove" if dry_run else "removed"
+    for p in gone:
+        output.console.print(f"{verb} {p}", markup=False)
+    output.console.print(f"{verb} {len(gone)} old run folder(s) and report(s) under {store.root}",
+                         markup=False)

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,36 @@ def test_compare_published_adds_to_yours_and_sorts_by_the_column_it_names(tmp_pa
     assert (r.returncode, r.stderr.strip()) == (2, "error: --sort 'speed': one of auto, "
                                                 "per-1m-samples, per-tflop-hour, price, tflops, "
                                                 "samples, download")
+
+
+def test_prune_removes_old_runs_and_reports_but_each_hosts_newest(tmp_path: Path) -> None:
+    from provision.store import run_id
+    day = 86400.0
+    now = time.time()
+    old, older, fresh = run_id(now - 10 * day), run_id(now - 20 * day), run_id(now - 3600)
+    for run in (old, older):
+        (tmp_path / "logs" / "box" / run).mkdir(parents=True)
+        (tmp_path / "logs" / "box" / run / "conda.log").write_text("$ ...\n")
+    (tmp_path / "logs" / "lone" / older).mkdir(parents=True)  # its only run: kept
+    (tmp_path / "logs" / "box" / fresh).mkdir(parents=True)
+    reports = tmp_path / "reports" / "box"
+    reports.mkdir(parents=True)
+    for name in (f"validate-{older}.json", f"validate-{fresh}.json", f"bench-{older}.json",
+                 f"link-{old}.json", f"link-{older}.json"):
+        (reports / name).write_text("{}")
+    r = subprocess.run([sys.executable, "-m", "provision", "prune", "--older", "7d", "--json"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    gone = sorted((tmp_path / p).relative_to(tmp_path).as_posix()
+                  for p in json.loads(r.stdout)["removed"])
+    assert gone == sorted([f"logs/box/{old}", f"logs/box/{older}",
+                           f"reports/box/validate-{older}.json", f"reports/box/link-{older}.json"])
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")
+                  if p.is_file() or p.parent.name in ("box", "lone"))
+    assert f"logs/box/{fresh}" in left and f"logs/lone/{older}" in left
+    assert {f"reports/box/validate-{fresh}.json", f"reports/box/bench-{older}.json",
+            f"reports/box/link-{old}.json"} <= set(left)
+    r = subprocess.run([sys.executable, "-m", "provision", "prune", "--older", "soon"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert (r.returncode, r.stderr.strip()) == (2, "error: --older 'soon': not a duration; write "
+                                                "e.g. 30m, 90s, 1h30m")
