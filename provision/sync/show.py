@@ -65,6 +65,7 @@ def sync_report(r: Mapping[str, Any], out: Console = console) -> None:
             out.print(text(f"  delete {name}"))
         if len(r["deletions"]) > SHOWN:
             out.print(text(f"  ... and {len(r['deletions']) - SHOWN} more to delete"))
+        links(r, out)
         return
     out.print(text(head))
     rate = f", {r['mbs']} MB/s" if r.get("mbs") else ""
@@ -75,6 +76,19 @@ def sync_report(r: Mapping[str, Any], out: Console = console) -> None:
               + (f"; deleted {r['deleted']}" if r["deleted"] else "")))
     if r["files"]:
         out.print(text(f"checked: {r['verified']}"))
+    links(r, out)
+
+
+def links(r: Mapping[str, Any], out: Console = console) -> None:
+    """The symbolic links made, and those left out because they point outside the folder."""
+    if r.get("links"):
+        made = "would make" if r["dry_run"] else "made"
+        out.print(text(f"{made} {r['links']} symbolic link(s) (they point inside the folder)"))
+    skipped = r.get("skipped_links") or ()
+    if skipped:
+        out.print(text(f"left out {len(skipped)} link(s) pointing outside the folder (never "
+                       f"followed): {', '.join(skipped[:10])}"
+                       + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")))
 
 
 def watch_report(r: Mapping[str, Any], out: Console = console) -> None:

@@ -465,3 +465,54 @@ def test_read_only_tasks_write_no_run_folder(box: tuple[harness.HostInfo, str], 
         r = gpu_provision("-H", inv, *task, home=gp_home, cwd=cwd)
         assert r.returncode == 0, (task, r.stderr)
         assert list(cwd.iterdir()) == [], task
+
+
+@pytest.mark.parametrize("transport", ["sftp", "rsync"])
+def test_symlinks_in_a_synced_folder(box: tuple[harness.HostInfo, str], gp_home: Path,
+                                     tmp_path: Path, transport: str) -> None:
+    """PyTorch Lightning's save_last="link" leaves last.ckpt -> epoch=9.ckpt: it arrives as that
+    link (or, with --links-as-files, as the file); a link pointing outside the folder is left
+    out and named, never followed; both ways, both transports."""
+    if transport == "rsync" and (shutil.which("rsync") is None or shutil.which("ssh") is None):
+        pytest.skip("no rsync and ssh here (make system-deps)")
+    info, inv = box
+    ck = tmp_path / "ck"
+    (ck / "sub").mkdir(parents=True)
+    (ck / "epoch=9.ckpt").write_bytes(os.urandom(2048))
+    (ck / "last.ckpt").symlink_to("epoch=9.ckpt")
+    (ck / "sub" / "best.ckpt").symlink_to("../epoch=9.ckpt")
+    (ck / "logs").symlink_to("sub")
+    (ck / "passwd").symlink_to("/etc/passwd")
+    there = f"/root/ck-{transport}"
+    r = gpu_provision("-H", inv, "sync", "up", "ck", there, "--transport", transport,
+                      home=gp_home, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "made 3 symbolic link(s)" in r.stdout
+    assert "left out 1 link(s) pointing outside the folder (never followed): passwd -> " \
+        "/etc/passwd" in r.stdout
+    host = info.path(there)
+    assert os.readlink(host / "last.ckpt") == "epoch=9.ckpt"
+    assert os.readlink(host / "sub" / "best.ckpt") == "../epoch=9.ckpt"
+    assert os.readlink(host / "logs") == "sub"
+    assert not os.path.lexists(host / "passwd")
+    # again: nothing to do
+    r = gpu_provision("-H", inv, "sync", "up", "ck", there, "--transport", transport, "--json",
+                      home=gp_home, cwd=tmp_path)
+    rep = json.loads(r.stdout)
+    assert (rep["files"], rep["links"], rep["skipped_links"]) == (0, 0, ["passwd -> /etc/passwd"])
+    # --links-as-files: the file itself
+    r = gpu_provision("-H", inv, "sync", "up", "ck", f"{there}-files", "--transport", transport,
+                      "--links-as-files", home=gp_home, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    copy = info.path(f"{there}-files/last.ckpt")
+    assert not copy.is_symlink() and copy.read_bytes() == (ck / "epoch=9.ckpt").read_bytes()
+    # down: the host's links arrive as links; one pointing outside its folder is named
+    (host / "hostname").symlink_to("/etc/hostname")
+    r = gpu_provision("-H", inv, "sync", "down", there, "back", "--transport", transport,
+                      home=gp_home, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    back = tmp_path / "back"
+    assert os.readlink(back / "last.ckpt") == "epoch=9.ckpt"
+    assert (back / "last.ckpt").read_bytes() == (ck / "epoch=9.ckpt").read_bytes()
+    assert os.readlink(back / "logs") == "sub" and not os.path.lexists(back / "hostname")
+    assert "hostname -> /etc/hostname" in r.stdout
