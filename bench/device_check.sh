@@ -93,7 +93,7 @@ else:
 script = (templates_dir() / "gpu/validate_gpu.py").read_text()
 open(work + "/validate.sh", "w").write(render(
     "setup/validate.sh.j2", python_bin=py, script=script, config=json.dumps(config, sort_keys=True),
-    expected="{}", inputs="device-check"))
+    expected="{}", inputs="device-check", login=""))  # (no login block: not our machine)
 bench = {"data_dir": work + "/data", "mirrors": [], "download_mb": 1, "download_timeout": 5}
 open(work + "/bench.sh", "w").write(render(
     "gpu/bench.sh.j2", python_bin=py, validate_script=script,

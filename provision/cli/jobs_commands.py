@@ -159,10 +159,10 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
         raise UsageError(BOTH)
     if no_code and (code or exclude):
         raise UsageError("--no-code sends nothing: leave out --code and --exclude, or --no-code")
-    folder = None if no_code else code_folder(code)
     targets = targets_of(c, hosts)
     asked = parse_gpus(gpus)
     given = check_name(name) if name else None
+    folder = None if no_code else code_folder(code)
     store = Store()
     # the handshake goes on while the job is made ready to send: run costs about one bare ssh
     with connecting(targets, store) as connected:
