@@ -10,8 +10,7 @@ from __future__ import annotations
 import paramiko
 from fabric import Connection
 
-from ..errors import SSHError
-from ..remote.executor import LOST
+from ..errors import ConnectionLost, SSHError
 
 OPEN_TIMEOUT = 15.0  # seconds the server has to accept a channel
 
@@ -32,7 +31,7 @@ def open_channel(conn: Connection, host: str, kind: str = "session",
     """
     transport = conn.client.get_transport()
     if transport is None or not transport.is_active():
-        raise SSHError(host, LOST, "the connection to the host is closed; run the task again")
+        raise ConnectionLost(host, f"the opening of a {kind} channel")
     try:
         if kind == "session":
             chan: paramiko.Channel = transport.open_session(timeout=timeout)
@@ -48,6 +47,6 @@ def open_channel(conn: Connection, host: str, kind: str = "session",
                        f"({exc.text or exc.code}); its sshd may forbid it (AllowTcpForwarding)"
                        ) from None
     except (paramiko.SSHException, EOFError, OSError) as exc:
-        raise SSHError(host, LOST, f"the connection dropped while opening a {kind} channel "
-                       f"({type(exc).__name__}: {exc}); run the task again") from None
+        raise ConnectionLost(host, f"the opening of a {kind} channel",
+                             f" ({type(exc).__name__}: {exc})") from None
     raise ValueError(f"open_channel: {kind!r} (with dest {dest!r})")

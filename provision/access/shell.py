@@ -23,9 +23,8 @@ from collections.abc import Sequence
 
 from fabric import Connection
 
-from ..errors import SSHError
+from ..errors import ConnectionLost
 from ..remote.command import bash_script
-from ..remote.executor import LOST
 from ..remote.templating import render
 from .channels import open_channel
 
@@ -41,9 +40,8 @@ def shell_script(data_dirs: Sequence[str], argv: Sequence[str] | None) -> str:
                   activate=render("setup/activate.sh"))
 
 
-def _lost(host: str) -> SSHError:
-    return SSHError(host, LOST, "the connection dropped during the shell; check the network (or "
-                    "whether the host rebooted) and run it again")
+def _lost(host: str) -> ConnectionLost:
+    return ConnectionLost(host, "the shell")
 
 
 def run_command(conn: Connection, host: str, script: str) -> int:

@@ -1,8 +1,8 @@
-# gpu-provision: activate the env bootstrap made (named in ~/.gpu-provision/expected.json).
+# gpu-provision: activate the env bootstrap made (named in ~/{{ host.expected }}).
 # Sourced by the login block bootstrap adds to ~/.bashrc and the login profile, and by `shell`.
 # POSIX sh (a profile is read by sh as well as bash), silent (scp and rsync read what a login
 # prints), and a no-op when the env is first on PATH already (.profile often sources .bashrc).
-_gp_exp="$HOME/.gpu-provision/expected.json"
+_gp_exp="$HOME/{{ host.expected }}"
 _gp_prefix="" _gp_root=""
 if [ -f "$_gp_exp" ]; then
   _gp_prefix=$(sed -n 's/^ *"env_prefix": "\([^"]*\)".*/\1/p' "$_gp_exp" 2>/dev/null | head -n 1)
