@@ -2,16 +2,16 @@
 ``/api/tags`` (Ollama) with the documented bodies in tests/fixtures/serving/, 404 otherwise.
 Stdlib only: it runs on the host with the env's python, as a job.
 
-    python serving_standin.py PORT FIXTURE_DIR [DELAY]
+    python serving_standin.py PORT FIXTURE_DIR [READY_FILE]
 
-``DELAY``: seconds it answers 503 first (a model still loading after the port opened).
+``READY_FILE``: it answers 503 until this file exists (a model still loading after the port
+opened), so a test decides when loading ends.
 """
 
 from __future__ import annotations
 
 import http.server
 import sys
-import time
 from pathlib import Path
 
 ROUTES = {"/v1/models": "vllm-v1-models.json", "/api/tags": "ollama-api-tags.json"}
@@ -19,7 +19,7 @@ ROUTES = {"/v1/models": "vllm-v1-models.json", "/api/tags": "ollama-api-tags.jso
 
 def main() -> None:
     port, folder = int(sys.argv[1]), Path(sys.argv[2])
-    ready_at = time.monotonic() + (float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
+    ready = Path(sys.argv[3]) if len(sys.argv) > 3 else None
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -27,7 +27,7 @@ def main() -> None:
             if name is None:
                 self.send_error(404)
                 return
-            if time.monotonic() < ready_at:
+            if ready is not None and not ready.exists():
                 self.send_error(503, "loading the model")
                 return
             body = (folder / name).read_bytes()

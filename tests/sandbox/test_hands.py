@@ -135,8 +135,9 @@ def test_interactive_shell_through_a_pty(box: tuple[harness.HostInfo, str], gp_h
         time.sleep(0.5)
         t.type("stty size\r")
         t.expect(r"\b50 150\r\n")
-        t.type("sleep 30; echo not-interrupted\r")
-        time.sleep(1)
+        t.type("echo sleep-$((1+1)); sleep 30; echo not-interrupted\r")
+        t.expect(r"[\r\n]sleep-2\r\n")  # (the typed line echoes "$((1+1))"; its output says 2)
+        time.sleep(0.5)
         started = time.monotonic()
         t.type("\x03")  # Ctrl-C, as the keyboard sends it
         t.type("echo rc=$?\r")
@@ -275,9 +276,11 @@ def test_forward_waits_for_the_server_reaches_it_and_ends_with_the_job(
     info.path(f"{WORK}/hello.txt").write_text("served from the host\n")
     env = dict(os.environ, GPU_PROVISION_HOME=str(gp_home), COLUMNS="200")
     gp = [sys.executable, "-m", "provision", "-H", inv]
-    # a job that prints a Jupyter-style token URL, then serves the data dir (its cwd) -- after a
-    # moment: the forward starts first and must wait for it
-    serve = (f'sleep 3; echo "    http://{info.id}:{remote}/lab?token=9f86d081884c7d65"; '
+    # a job that waits for a word from the test (so the forward surely meets a port nobody
+    # listens on yet), prints a Jupyter-style token URL, then serves the data dir (its cwd)
+    go = info.path(f"{WORK}/go-web")
+    serve = (f'while [ ! -e go-web ]; do sleep 0.1; done; '
+             f'echo "    http://{info.id}:{remote}/lab?token=9f86d081884c7d65"; '
              f'exec python -m http.server {remote} --bind 127.0.0.1')
     r = gpu_provision("-H", inv, "run", "--json", "--name", "web", "--no-code", "--workdir",
                       WORK, "--", "bash", "-c", serve, home=gp_home, cwd=tmp_path)
@@ -287,6 +290,7 @@ def test_forward_waits_for_the_server_reaches_it_and_ends_with_the_job(
     try:
         assert fwd.wait_line(rf"^http://127\.0\.0\.1:{local} -> box:{remote}$")
         fwd.wait_line(rf"nothing listens on box's port {remote} yet; waiting for it")
+        go.touch()
         fwd.wait_line(rf"port {remote} answers now: http://127\.0\.0\.1:{local}")
         assert _get(f"http://127.0.0.1:{local}/hello.txt") == (200, b"served from the host\n")
         assert fwd.wait_line(r"^Jupyter: ") == \
@@ -309,29 +313,35 @@ def test_forward_checks_that_the_model_server_answers(box: tuple[harness.HostInf
     """The path a serving recipe's forward takes, with a stand-in for vLLM: the port opens, the
     model list answers 503 while it loads, then 200 with the model (tests/fixtures/serving/)."""
     info, inv = box
-    remote = free_port()
+    remote, local = free_port(), free_port()  # (the sandbox host shares this machine's ports)
     for name in ("vllm-v1-models.json", "ollama-api-tags.json"):
         shutil.copy(ROOT / "tests/fixtures/serving" / name, info.path(f"{WORK}/{name}"))
     shutil.copy(ROOT / "tests/sandbox/serving_standin.py", info.path(f"{WORK}/standin.py"))
-    r = gpu_provision("-H", inv, "run", "--json", "--no-code", "--workdir", WORK, "--",
-                      "python", "standin.py", str(remote), WORK, "4", home=gp_home, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    job = json.loads(r.stdout)["id"]
     env = dict(os.environ, GPU_PROVISION_HOME=str(gp_home), COLUMNS="200")
-    fwd = Running([sys.executable, "-m", "provision", "-H", inv, "forward", str(remote),
+    fwd = Running([sys.executable, "-m", "provision", "-H", inv, "forward", f"{remote}:{local}",
                    "--check", "/v1/models", "--json"], env, tmp_path)
+    job = ""
     try:
+        fwd.wait_line(rf"nothing listens on box's port {remote} yet")
+        r = gpu_provision("-H", inv, "run", "--json", "--no-code", "--workdir", WORK, "--",
+                          "python", "standin.py", str(remote), WORK, f"{WORK}/loaded",
+                          home=gp_home, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        job = json.loads(r.stdout)["id"]
         fwd.wait_line(r"GET /v1/models: 503 .*; trying again")
+        info.path(f"{WORK}/loaded").touch()  # the model has loaded
         fwd.wait_line(r"GET /v1/models: 200 models: facebook/opt-125m", timeout=60)
         shown = json.loads("\n".join(fwd.out))
         [port] = shown["ports"]
-        assert port["remote"] == remote and port["url"] == f"http://127.0.0.1:{port['local']}"
-        status, body = _get(f"http://127.0.0.1:{port['local']}/api/tags")
+        assert port == {"remote": remote, "local": local, "url": f"http://127.0.0.1:{local}",
+                        "moved": False}
+        status, body = _get(f"http://127.0.0.1:{local}/api/tags")
         assert status == 200 and json.loads(body)["models"][0]["name"] == "gemma3"
         assert fwd.stop() == 0
     finally:
         fwd.stop()
-        gpu_provision("-H", inv, "kill", job, "--grace", "1", home=gp_home)
+        if job:
+            gpu_provision("-H", inv, "kill", job, "--grace", "1", home=gp_home)
 
 
 def test_forward_bad_input_is_one_line_before_connecting(box: tuple[harness.HostInfo, str],
