@@ -266,7 +266,7 @@ def sync_up(ex: Executor, target: Target, src: Path, dest: str | None, opts: Opt
         sent, resumed, verified = 0, 0, "nothing to send"
     seconds = time.monotonic() - started
     if plan.links:
-        _host_script(ex, "link", [there.path, *(x for pair in plan.links for x in pair)])
+        host_script(ex, "link", [there.path, *(x for pair in plan.links for x in pair)])
     if plan.delete:
         host_script(ex, "delete", [there.path, *(join(there.path, r) for r in plan.delete)])
     return _done(base, sent, resumed, seconds, verified)
