@@ -59,10 +59,10 @@ _SKIPPED: list[tuple[str, str]] = []
 # what it checks.
 HEAVIEST_FIRST = (
     "sandbox/test_jobs.py",  # 124 s
+    "sandbox/test_hands.py",  # 124 s
     "sandbox/test_gpu_bootstrap.py",  # 98 s
     "sandbox/test_meet_the_host.py",  # 89 s
     "sandbox/test_faults.py",  # 76 s
-    "sandbox/test_hands.py",  # 73 s
     "sandbox/test_installer.py",  # 72 s
     "sandbox/test_bootstrap.py",  # 58 s
     "sandbox/test_provisioned.py",  # 46 s
