@@ -88,6 +88,43 @@ class Store:
                 for p in sorted(runs[-1].glob("*.log")) if p.name != "facts.log"}
 
 
+    def prune(self, older_than: float, now: float | None = None,
+              dry_run: bool = False) -> list[Path]:
+        """Remove run log folders and reports older than ``older_than`` seconds (by the time in
+        their names), keeping each host's newest run and newest report of each kind: doctor
+        reads the newest logs, `run` the newest validation, `compare` the newest bench.
+        Returns what was (or, with ``dry_run``, would be) removed."""
+        import shutil
+        cutoff = (time.time() if now is None else now) - older_than
+        gone: list[Path] = []
+        for host in sorted(p for p in (self.root / "logs").glob("*") if p.is_dir()):
+            runs = sorted(p for p in host.iterdir() if p.is_dir() and _when(p.name) is not None)
+            gone += [p for p in runs[:-1] if (_when(p.name) or 0) < cutoff]
+        for host in sorted(p for p in self.reports_dir.glob("*") if p.is_dir()):
+            kinds: dict[str, list[Path]] = {}
+            for p in host.iterdir():
+                kind, _, stamp = p.stem.rpartition("-")
+                kind, _, day = kind.rpartition("-")
+                if p.is_file() and _when(f"{day}-{stamp}") is not None:
+                    kinds.setdefault(kind, []).append(p)
+            for found in kinds.values():
+                found.sort(key=lambda p: p.name)
+                gone += [p for p in found[:-1]
+                         if (_when("-".join(p.stem.rsplit("-", 2)[1:])) or 0) < cutoff]
+        if not dry_run:
+            for p in gone:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return gone
+
+
+def _when(name: str) -> float | None:
+    """The time a run id (``20261201-143055``) names, None for any other name."""
+    try:
+        return time.mktime(time.strptime(name, RUN_ID_FORMAT))
+    except ValueError:
+        return None
+
+
 def outputs(log: str) -> str:
     """A step log without the commands it records (a script's own text is not its output)."""
     return re.sub(r"^\$ .*?^# exit -?\d+ in [\d.]+s$", "", log, flags=re.MULTILINE | re.DOTALL)

@@ -70,6 +70,7 @@ HEAVIEST_FIRST = (
     # installs with a reboot, one full bootstrap as a login without sudo)
     "sandbox/test_autostop.py",  # 376 s (many idle periods and stops, on a busy machine)
     "sandbox/test_jobs.py",  # 124 s
+    "sandbox/test_hands.py",  # 124 s
     "sandbox/test_gpu_bootstrap.py",  # 98 s
     "sandbox/test_meet_the_host.py",  # 89 s
     "sandbox/test_faults.py",  # 76 s

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fabric import Connection
@@ -41,6 +42,10 @@ from ..jobs.state import HostJobs
 from ..remote.executor import Executor
 from ..setup.session import Session, open_executor
 from ..store import Store, run_id
+from ..sync.code import check_size, code_folder, named_files, selection
+from ..sync.plan import human
+from ..sync.transfer import Options as SyncOptions
+from ..sync.transfer import sync_up
 from ..ui import console as output
 from .taskkit import ONE_HOST, has_host, target_of
 from .taskkit import notify as _notify
@@ -147,13 +152,17 @@ def how_to_follow(c: Context, hosts: str | None, job: str) -> str:
 def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: str | None = None,
         share: bool = False, hosts: str | None = None, nproc_per_node: int = 0,
         master_port: int = DEFAULT_PORT, master_addr: str | None = None, launcher: str = "auto",
+        code: str | None = None, no_code: bool = False, exclude: Sequence[str] = (),
         json_: bool = False) -> dict[str, Any]:
     """The `run` task's body; its help is in provision/tasks_jobs.py."""
     if hosts and has_host(c):
         raise UsageError(BOTH)
+    if no_code and (code or exclude):
+        raise UsageError("--no-code sends nothing: leave out --code and --exclude, or --no-code")
     targets = targets_of(c, hosts)
     asked = parse_gpus(gpus)
     given = check_name(name) if name else None
+    folder = None if no_code else code_folder(code)
     store = Store()
     # the handshake goes on while the job is made ready to send: run costs about one bare ssh
     with connecting(targets, store) as connected:
@@ -162,11 +171,15 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
         job_name = given or default_name(command)
         job_id = new_id(job_name)
         base = JobSpec(id=job_id, name=job_name, argv=command, gpus=asked,
-                       workdir=workdir or "~", share=share, launcher=launcher)
+                       workdir=workdir or "~", share=share, launcher=launcher,
+                       files=named_files(command), sent=str(folder or ""))
         facts = on_each(connected(), lambda s: s.facts()) if hosts else None
         specs = _specs(base, targets, store, facts, nproc_per_node, master_port, master_addr)
-        scripts = [remote.launch_script(x) for x in specs]
         sessions = connected()
+        if folder is not None:  # the code first: the job's working folder is where it landed
+            dests = on_each(sessions, lambda s: send_code(s, folder, workdir, exclude))
+            specs = [replace(x, workdir=d) for x, d in zip(specs, dests, strict=True)]
+        scripts = [remote.launch_script(x) for x in specs]
         items = list(zip(sessions, specs, scripts, strict=True))
         try:
             started = on_each(items, lambda x: remote.launch(x[0].ex, x[1], x[2]))
@@ -181,6 +194,18 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
     else:
         output.job_started(started, specs, follow)
     return {"job": job_id}
+
+
+def send_code(s: Session, folder: Path, workdir: str | None, exclude: Sequence[str]) -> str:
+    """Send ``folder`` to the host (``workdir``, else ``<data dir>/<folder's name>``) through
+    sync up; returns the folder it is in on the host."""
+    only, patterns, how = selection(folder, exclude, s.store.root)
+    check_size(folder, only, patterns)
+    rep = sync_up(s.ex, s.target, folder, workdir or folder.name,
+                  SyncOptions(excludes=patterns, only=only))
+    _notify(f"{s.target.name}: code {folder} -> {rep.dest}: sent {rep.files} file(s) "
+            f"({human(rep.bytes)}), {rep.same} unchanged ({how})")
+    return rep.dest
 
 
 def _kill_quietly(s: Session, job: str) -> None:
@@ -328,7 +353,7 @@ def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None 
     store = Store()
 
     def one(target: Target) -> HostJobs:
-        with opened([target], store) as [s]:
+        with opened([target], store, keep_log=False) as [s]:  # read-only: no run folder
             found = remote.list_jobs(s.ex)
         return replace(found, host=target.name, jobs=tuple(replace(j, host=target.name)
                                                             for j in found.jobs))

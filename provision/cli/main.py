@@ -86,6 +86,20 @@ class GpuProvision(Program):
 
     # Usage errors: one line, the nearest name where there is one, exit 2.
 
+    def normalize_argv(self, argv: list[str] | None) -> None:
+        super().normalize_argv(argv)
+        from .argv import rewrite  # TASK -h, --json before the task, forward's ports
+        tasks = self.namespace
+        names = set(tasks.task_names) | {a for t in tasks.task_names.values() for a in t} \
+            if tasks is not None else set()
+
+        def value_flags(task: str) -> set[str]:
+            args = tasks[task].get_arguments() if tasks is not None else []
+            return {("--" if len(n) > 1 else "-") + n for a in args if a.kind is not bool
+                    for n in a.names}
+
+        self.argv = rewrite(self.argv, names, value_flags)
+
     def parse_core(self, argv: list[str] | None) -> None:
         with self._usage():
             super().parse_core(argv)

@@ -23,6 +23,8 @@ SYNC_HELP = {
     "delete": "also delete what the receiving side has and the source lacks (never by default)",
     "dry_run": "list what would be sent and deleted; move nothing",
     "transport": "auto (rsync where both ends have it, else SFTP), rsync or sftp",
+    "links_as_files": "up: a symbolic link that points inside the folder sends the file it points "
+                      "at (default: the link itself; links pointing outside are never followed)",
     "watch": "down only: keep pulling files matching this pattern below SRC as they complete, "
              "e.g. 'checkpoints/*.pt' (until Ctrl-C, or --until-idle)",
     "settle": "--watch: seconds a file's size and mtime must hold still (default 5)",
@@ -37,7 +39,8 @@ SYNC_HELP = {
 def sync(c: Context, direction: str, src: str, dest: str | None = None,
          exclude: list[str] | None = None, delete: bool = False, dry_run: bool = False,
          transport: str = "auto", watch: str | None = None, settle: float = 5.0,
-         until_idle: str | None = None, json_: bool = False) -> None:
+         until_idle: str | None = None, links_as_files: bool = False,
+         json_: bool = False) -> None:
     """Move data to the host and checkpoints back, resumable and checked, over our connection.
 
     Resumable after a drop, each file checked, a progress bar; records the link's MB/s for
@@ -61,7 +64,10 @@ def sync(c: Context, direction: str, src: str, dest: str | None = None,
         raise UsageError(f"sync {direction!r}: say `sync up SRC` or `sync down SRC`")
     if watch and direction != "down":
         raise UsageError("--watch pulls from the host: use it with `sync down`")
-    opts = data_sync.Options(tuple(exclude or ()), delete, dry_run, transport)
+    if links_as_files and direction != "up":
+        raise UsageError("--links-as-files: with `sync up` (the host's links arrive as links)")
+    opts = data_sync.Options(tuple(exclude or ()), delete, dry_run, transport,
+                             links_as_files=links_as_files)
     store = Store()
     target = target_of(c)
     with data_sync.early_link(target, "sftp" if dry_run else transport) as link, \
@@ -215,6 +221,7 @@ def cost(c: Context, json_: bool = False) -> None:
 
     target = target_of(c)
     with session(target, Store(), _notify) as s:
+        s.ex.log_dir = None  # read-only: no run folder
         p = cost_mod.probe(s.ex)
     price, currency = cost_mod.price_of(target.settings)
     line = cost_mod.row(target.name, price, currency, p)
@@ -222,3 +229,29 @@ def cost(c: Context, json_: bool = False) -> None:
         output.print_json(line)
     else:
         output_data.cost_table([line])
+
+
+@task(help={"older": "remove what is older than this, e.g. 7d, 12h (default 7d)",
+            "dry_run": "list what would go; remove nothing",
+            "json": "print what was removed as JSON"})
+@reports_errors
+def prune(c: Context, older: str = "7d", dry_run: bool = False, json_: bool = False) -> None:
+    """Local: remove old run logs and reports (each host's newest run and newest report of each
+    kind stay: doctor, run and compare read them).
+
+    Example: gpu-provision prune --older 7d
+    """
+    from ..money.autostop import parse_duration
+    from ..store import Store
+    from ..ui import console as output
+
+    store = Store()
+    gone = store.prune(parse_duration(older, "--older"), dry_run=dry_run)
+    if json_:
+        output.print_json({"removed": [str(p) for p in gone], "dry_run": dry_run})
+        return
+    verb = "would remove" if dry_run else "removed"
+    for p in gone:
+        output.console.print(f"{verb} {p}", markup=False)
+    output.console.print(f"{verb} {len(gone)} old run folder(s) and report(s) under {store.root}",
+                         markup=False)

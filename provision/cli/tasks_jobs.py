@@ -16,7 +16,8 @@ from .taskkit import reports_errors, task
 RUN_HELP = {
     "name": "the job's name (default: the script's, train for python train.py)",
     "gpus": "GPU indexes for CUDA_VISIBLE_DEVICES, e.g. 0,1 (default: all)",
-    "workdir": "the folder it runs in on the host (default: the home; ~ and relative paths are "
+    "workdir": "the folder it runs in on the host, where the code goes (default: <data dir>/<the "
+               "code folder's name>; with --no-code the home; ~ and relative paths are "
                "the home's)",
     "share": "run even when another job uses these GPUs",
     "hosts": "one job over these hosts (or a group): torchrun on each, the rendezvous on the first",
@@ -25,18 +26,27 @@ RUN_HELP = {
     "master_addr": "with --hosts: the address the others reach the first host at (default: from "
                    "the facts)",
     "launcher": "auto (tmux when the host has it, else setsid + nohup), tmux or setsid",
+    "code": "the folder sent to the host as the job's code (default: the current one); it "
+            "runs in <data dir>/<folder's name>, or --workdir",
+    "no_code": "send no code: run in --workdir (default the home) as the host has it",
+    "exclude": "leave out of the code files matching this rsync-style pattern (repeatable), "
+               "besides what .gitignore leaves out, e.g. 'data/'",
     "json": "print what was started as JSON",
 }
 
 
-@task(help=RUN_HELP, command=True)
+@task(help=RUN_HELP, command=True, iterable=["exclude"])
 @reports_errors
 def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: str | None = None,
         share: bool = False, hosts: str | None = None, nproc_per_node: int = 0,
         master_port: int = DEFAULT_PORT, master_addr: str | None = None, launcher: str = "auto",
+        code: str | None = None, no_code: bool = False, exclude: list[str] | None = None,
         json_: bool = False) -> dict[str, Any]:
-    """Start a job detached from SSH in the bootstrapped env and return at once.
+    """Send the code, start a job detached from SSH in the bootstrapped env, return at once.
 
+    The current folder (or --code DIR) goes to the host first, through sync up: what .gitignore
+    leaves out stays here, only what changed moves; the job runs there. A script the command
+    names (train.py) that is not there is refused before anything starts.
     The command after -- runs as given (its words are argv, never re-split by a shell), with the
     pushed tokens, CUDA_VISIBLE_DEVICES, PYTHONUNBUFFERED=1 and the fixes the last validation
     named (NCCL_P2P_DISABLE=1 ...); output to a log under the data dir. Without -- it runs the
@@ -47,7 +57,8 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
     from . import jobs_commands as commands
     return commands.run(c, name=name, gpus=gpus, workdir=workdir, share=share, hosts=hosts,
                         nproc_per_node=nproc_per_node, master_port=master_port,
-                        master_addr=master_addr, launcher=launcher, json_=json_)
+                        master_addr=master_addr, launcher=launcher, code=code, no_code=no_code,
+                        exclude=tuple(exclude or ()), json_=json_)
 
 
 LOGS_HELP = {

@@ -6,39 +6,48 @@ from pathlib import Path
 
 from invoke.context import Context
 
-from ..errors import UsageError
+from ..errors import ProvisionError, UsageError
 from ..ui import console as output
-from .taskkit import reports_errors, task
+from .taskkit import notify, reports_errors, task
 
 
 @task(iterable=["report"], help={
     "report": "a bench report file or glob, or `published` (repeatable; default: the newest "
-              "reports/<host>/bench-*.json of each host)",
+              "reports/<host>/bench-*.json of each host; `published` alone adds the published "
+              "reports to those)",
     "html": "where to write the page (default reports/compare.html; its PNG goes beside it)",
+    "sort": "the column to sort by: auto (default: per-1m-samples where measured, else "
+            "per-tflop-hour), per-1m-samples, per-tflop-hour, price, tflops, samples, download",
     "json": "print the rows as JSON and write no page"})
 @reports_errors
 def compare(c: Context, report: list[str] | None = None, html: str | None = None,
-            json_: bool = False) -> None:
+            sort: str = "auto", json_: bool = False) -> None:
     """Local: join saved bench reports with each host's price_per_hour and currency from its
     inventory; print a table sorted by value for money and write an HTML page with a chart.
 
-    With --json it only prints: no page, no PNG. Example: gpu-provision compare --report
-    'reports/*/bench-*.json'
+    The table needs nothing extra; the chart needs the `chart` extra (matplotlib). With --json
+    it only prints: no page, no PNG. Example: gpu-provision compare --report published
     """
-    from ..money.compare import find_reports, price_of, rows
+    from ..money.compare import find_reports, price_of, resolve_sort, rows, sort_title
     from ..store import Store
 
+    resolve_sort([], sort)  # a bad --sort is refused before anything is read
     store = Store()
     loaded = find_reports(store, report or [])
-    table = rows(loaded, price_of)
+    table = rows(loaded, price_of, sort)
     notes = sorted({r["published"] for _, r in loaded if r.get("published")})
     if json_:
         output.print_json([r.as_json() for r in table])
         return
+    title = f"compare: value for money, {sort_title(resolve_sort(table, sort))}"
+    output.compare_table(table, notes, title=title)
     from ..money import chart
     page = Path(html) if html else store.reports_dir / "compare.html"
-    png = chart.write(table, page, notes)
-    output.compare_table(table, notes)
+    try:
+        png = chart.write(table, page, notes)
+    except ProvisionError as exc:  # the chart's extra is missing: the table stands without it
+        notify(f"no chart: {exc}")
+        return
     output.console.print(f"wrote {page} and {png}", markup=False)
 
 

@@ -46,6 +46,10 @@ RECIPE_SCHEMA = {
     # what `run` starts when no command follows --: argv, e.g. [python, train.py, --epochs, "10"]
     "job": Check([str], lambda xs: None if xs and all(x and "\x00" not in x for x in xs) else
                  f"{xs!r}: the command as a list of its words, e.g. [python, train.py]"),
+    # the port the job: serves on (the host's loopback unless it says otherwise) and the HTTP
+    # path that answers once it is ready: what `forward` reaches and checks
+    "serve": {"port": Check(int, v.port), "check": Check(str, lambda x: None if x.startswith("/")
+                                                         else f"{x!r}: a path, e.g. /v1/models")},
 }
 
 def _http_request(value: str) -> str | None:
@@ -196,6 +200,13 @@ class Recipe:
     mirrors: Mapping[str, Any] = field(default_factory=dict)
     validation: Mapping[str, float] = field(default_factory=dict)
     job: tuple[str, ...] = ()  # what `run` starts when no command is given
+    serve: Serve | None = None  # the port job: serves on, for `forward`
+
+
+@dataclass(frozen=True)
+class Serve:
+    port: int
+    check: str | None = None  # an HTTP path that answers once the server is ready
 
 
 def _yaml_names(folder: Traversable) -> set[str]:
@@ -240,7 +251,13 @@ def load_recipe(name: str, root: Path | None = None) -> Recipe:
     path = recipe_path(name, root)
     data, lines = load_mapping(path, "recipe")
     check(data, RECIPE_SCHEMA, path, lines)
+    serve = data.pop("serve", None)
     recipe: Recipe = _build(Recipe, name, data)
+    if serve:
+        if "port" not in serve:
+            raise ConfigError(str(path), "needs port: (the port job: serves on)", key="serve",
+                              line=lines.get("serve"))
+        recipe = replace(recipe, serve=Serve(int(serve["port"]), serve.get("check")))
     return recipe
 
 

@@ -10,6 +10,7 @@ was meant (``python: 3.10`` is the number 3.1: the message quotes what was writt
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -117,7 +118,10 @@ def check(data: Mapping[str, Any], schema: Schema, path: Traversable, lines: Map
         line = lines.get(dotted)
         if key not in schema:
             allowed = ", ".join(sorted(schema))
-            raise ConfigError(str(path), f"unknown key (allowed: {allowed})", key=dotted, line=line)
+            near = difflib.get_close_matches(str(key), sorted(schema), n=1)
+            guess = f"did you mean {near[0]!r}? " if near else ""
+            raise ConfigError(str(path), f"unknown key ({guess}allowed: {allowed})", key=dotted,
+                              line=line)
         spec = schema[key]
         if value is None:
             continue  # an explicit null means "not set"

@@ -35,6 +35,8 @@ class JobSpec:
     rank: int = 0  # node rank of a multi-host job
     nnodes: int = 1
     hosts: tuple[str, ...] = ()  # every host of a multi-host job, rank order
+    files: tuple[str, ...] = ()  # script files the command names: must exist in the workdir
+    sent: str = ""  # the local folder sent as the job's code ("" when none was)
 
     def __post_init__(self) -> None:
         if not self.argv:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import glob
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config.inventory import resolve_target
 from ..config.shipped import on_disk, published_reports
-from ..errors import ProvisionError
+from ..errors import ProvisionError, UsageError
 from ..store import Store
 
 PUBLISHED = "published"  # `--report published`: the reports built from published figures
@@ -125,14 +125,55 @@ def with_sync_links(store: Store, host: str, report: Mapping[str, Any]) -> dict[
     return {**report, "link": link} if link else dict(report)
 
 
+# --sort NAME: (the table's column, the Row field, highest first?)
+SORTS: dict[str, tuple[str, str, bool]] = {
+    "per-1m-samples": ("per 1M samples", "cost_per_m_samples", False),
+    "per-tflop-hour": ("per TFLOP-hour", "cost_per_tflop_hour", False),
+    "price": ("price/h", "price", False),
+    "tflops": ("TFLOPS", "tflops", True),
+    "samples": ("samples/s", "samples_s", True),
+    "download": ("download MB/s", "download_mbs", True),
+}
+DEFAULT_SORT = "auto"  # per 1M samples where any row has it, else per TFLOP-hour
+
+
+def sort_of(name: str) -> tuple[str, str, bool]:
+    if name not in SORTS:
+        raise UsageError(f"--sort {name!r}: one of auto, {', '.join(SORTS)}")
+    return SORTS[name]
+
+
+def resolve_sort(table: Sequence[Row], sort: str) -> str:
+    """``auto``: the first value-for-money column that any row has a figure in (reports from
+    published figures have no training throughput: they sort by the TFLOP-hour)."""
+    if sort != "auto":
+        sort_of(sort)
+        return sort
+    for name in ("per-1m-samples", "per-tflop-hour"):
+        if any(getattr(r, SORTS[name][1]) is not None for r in table):
+            return name
+    return "per-1m-samples"
+
+
+def sort_title(name: str) -> str:
+    column, _, high = sort_of(name)
+    return f"sorted by {column}, {'highest' if high else 'cheapest'} first"
+
+
 def rows(reports: Iterable[tuple[str, Mapping[str, Any]]],
-         price_of: Callable[[Mapping[str, Any]], tuple[float | None, str | None]]) -> list[Row]:
-    """One row per report; the cheapest million training samples first, then the cheapest
-    TFLOP-hour; hosts missing a figure come after, still shown."""
+         price_of: Callable[[Mapping[str, Any]], tuple[float | None, str | None]],
+         sort: str = DEFAULT_SORT) -> list[Row]:
+    """One row per report, sorted by the ``sort`` column (SORTS); rows missing that figure come
+    after, still shown, by the cheapest TFLOP-hour then the host. Money in several currencies is
+    not compared across them: within the column, rows of one currency stay together."""
     out = [row(r, source, *price_of(r)) for source, r in reports]
+    _, field, high = sort_of(resolve_sort(out, sort))
+    priced = field in ("cost_per_m_samples", "cost_per_tflop_hour", "price")
 
     def key(r: Row) -> tuple[Any, ...]:
-        return (r.currency or "~", r.cost_per_m_samples is None, r.cost_per_m_samples or 0,
+        value = getattr(r, field)
+        return ((r.currency or "~") if priced else "", value is None,
+                -(value or 0) if high else (value or 0),
                 r.cost_per_tflop_hour is None, r.cost_per_tflop_hour or 0, r.host)
     return sorted(out, key=key)
 
@@ -156,12 +197,12 @@ def number(value: float | None, unit: str = "", digits: int = 1) -> str:
 
 def find_reports(store: Store, patterns: Iterable[str] = ()) -> list[tuple[str, dict[str, Any]]]:
     """(path, report) of each bench report: the ones ``--report`` names (see report_files), else
-    the newest of each host in the store."""
+    the newest of each host in the store; ``published`` alone adds the published ones to those."""
     pats = list(patterns)
-    if pats:
+    if pats and set(pats) != {PUBLISHED}:
         paths = report_files(pats)
-    else:
-        paths = newest_per_host(store.reports("bench"))
+    else:  # yours, and with `--report published` the published ones beside them
+        paths = newest_per_host(store.reports("bench")) + report_files(pats)
     missing = [str(p) for p in paths if not p.is_file()]
     if missing or not paths:
         where = ", ".join(missing or [str(store.reports_dir / "*" / "bench-*.json")])

@@ -22,6 +22,7 @@ from ..wheels.rule import TorchChoice
 from ..wheels.simpleindex import variant_index
 from .conda import configured_pypi
 from .layout import Layout, expand_home
+from .login import login_block_script
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
 REVALIDATE_AFTER = 6 * 3600  # seconds: an unchanged host is measured again after this long
@@ -43,7 +44,7 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
             and 0 <= age < REVALIDATE_AFTER:
         return nothing("validate", f"PASS {age / 60:.0f} min ago on this boot, and nothing it "
                        "checked has changed (`validate` measures again)", kept=Outcome(verdict="PASS"))
-    body = validate_body(lay.python_bin, config, expect, h)
+    body = validate_body(lay.python_bin, config, expect, h, login=login_block_script())
     also = "; TFLOPS and bandwidth against each model's healthy floor" if config["reference"] else ""
     what = f"{expected} GPU(s): torch imports, sees every GPU, matmul matches the CPU{also}" \
         if expected else "CPU mode: torch imports, the CPU build, a matmul on the CPU" \
@@ -65,11 +66,12 @@ def payload(names: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 def validate_body(python_bin: str, config: Mapping[str, Any], expect: Mapping[str, Any],
-                  inputs: str) -> str:
-    """The validate step's script: writes the payload, runs validate_gpu.py with ``config``."""
+                  inputs: str, login: str = "") -> str:
+    """The validate step's script: writes the payload, runs validate_gpu.py with ``config``;
+    ``login``: the block that gives login shells the env (ops/login.py), none elsewhere."""
     return render("setup/validate.sh.j2", python_bin=python_bin, payload=payload(VALIDATE_PAYLOAD),
                   config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
-                  inputs=inputs)
+                  inputs=inputs, login=login)
 
 
 def bench_body(python_bin: str, config: Mapping[str, Any]) -> str:

@@ -9,6 +9,7 @@ IP met through a new inventory file is a new pin, and a reused IP:port is caught
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # the inventory module is not loaded by a keeper (keeper.py),
 AUTH_REFUSED, HOST_KEY_CHANGED, REFUSED = "auth refused", "host key changed", "connection refused"
 TIMEOUT, NOT_RESOLVED, SSH_FAILED = "timeout", "name not resolved", "ssh failed"
 NO_KEY = "no usable key"
+UNREACHABLE = "unreachable"
 DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa", "~/.ssh/id_dsa")
 
 
@@ -198,8 +200,9 @@ def connect(target: Target, notify: Callable[[str], None] | None = None,
         conn.open()
     except BaseException as exc:
         conn.close()
-        raise classify(target, exc, time.monotonic() - started >= timeout * 0.9,
-                       timeout=timeout, tried=_tried(kwargs)) from None
+        waited = time.monotonic() - started
+        raise classify(target, exc, waited >= timeout * 0.9, timeout=timeout,
+                       tried=_tried(kwargs), waited=waited) from None
     return conn
 
 
@@ -216,7 +219,8 @@ def _tried(kwargs: dict[str, object]) -> str:
 
 
 def classify(target: Target, exc: BaseException, timed_out: bool = False,
-             timeout: int | None = None, tried: str = "our key/password") -> BaseException:
+             timeout: int | None = None, tried: str = "our key/password",
+             waited: float | None = None) -> BaseException:
     """Turn a paramiko/socket exception into a one-line SSHError.
 
     ``timed_out``: the attempt used up the connect timeout (a server that accepts TCP but never
@@ -245,9 +249,25 @@ def classify(target: Target, exc: BaseException, timed_out: bool = False,
         return SSHError(name, NOT_RESOLVED, f"cannot resolve {target.host!r}")
     if isinstance(exc, (socket.timeout, TimeoutError)) or (
             isinstance(exc, paramiko.SSHException) and ("banner" in str(exc) or timed_out)):
-        return SSHError(name, TIMEOUT, f"no answer from {target.host}:{target.port} within "
-                        f"{timeout or default_timeout()}s (host down, wrong port, or a "
-                        "firewall; -t SECONDS waits longer)")
+        limit = timeout or default_timeout()
+        # the wait as it was: a server that trickles lines before its banner, or an address
+        # the network drops, can take longer (or shorter) than the timeout itself
+        said = f"within {limit}s" if waited is None or round(waited) == limit else \
+            f"after {waited:.0f}s (-t is {limit}s)"
+        return SSHError(name, TIMEOUT, f"no answer from {target.host}:{target.port} {said} (host "
+                        "down, wrong port, or a firewall; -t SECONDS waits longer)")
+    # paramiko gathers each address's refusal or EHOSTUNREACH (an address the network cannot
+    # reach) as one NoValidConnectionsError; ENETUNREACH comes as itself: only a refusal is one
+    errnos = {getattr(e, "errno", None) for e in exc.errors.values()} \
+        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) else \
+        {getattr(exc, "errno", None)} if isinstance(exc, OSError) else set()
+    if errnos & {errno.ETIMEDOUT}:
+        return classify(target, TimeoutError(), True, timeout, tried, waited)
+    if errnos & {errno.EHOSTUNREACH, errno.ENETUNREACH}:
+        after = f" after {waited:.0f}s" if waited is not None else ""
+        return SSHError(name, UNREACHABLE, f"no route to {target.host}:{target.port}{after} "
+                        "(the address is not reachable from this machine: a private or "
+                        "mistyped address, or the network is down)")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or \
             isinstance(exc, ConnectionRefusedError):
         return SSHError(name, REFUSED, f"{target.host}:{target.port} refused the connection "

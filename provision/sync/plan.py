@@ -41,6 +41,10 @@ class Side:
     files: Mapping[str, Entry] = field(default_factory=dict)
     dirs: frozenset[str] = frozenset()
     parent_exists: bool = True  # the folder the path is in
+    # symbolic links below the folder: rel -> target, made relative (they point inside it)
+    links: Mapping[str, str] = field(default_factory=dict)
+    # links that point outside the folder: rel -> target as written (never followed, not sent)
+    outside: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
@@ -66,7 +70,16 @@ def parse_listing(text: str) -> Listing:
     heads: list[tuple[str, str, int, bool]] = []
     files: list[dict[str, Entry]] = []
     dirs: list[set[str]] = []
+    links: list[dict[str, str]] = []
+    outside: list[dict[str, str]] = []
+    link_of: str | None = None  # an "L" record's path: its target is the next record
     for rec in text.split("\0"):
+        if link_of is not None:
+            inside = link_inside(heads[-1][0], link_of, rec)
+            (links[-1] if inside is not None else outside[-1])[link_of] = \
+                inside if inside is not None else rec
+            link_of = None
+            continue
         tag, _, rest = rec.partition(" ")
         if tag == "H":
             home = rest
@@ -83,14 +96,31 @@ def parse_listing(text: str) -> Listing:
             heads.append((path, kind, int(free or 0), parent == "1"))
             files.append({})
             dirs.append(set())
+            links.append({})
+            outside.append({})
         elif tag == "F" and heads:
             _, size, mtime, mode, rel = rest.split(" ", 4)
             files[-1][rel] = Entry(rel, int(size), int(float(mtime)), int(mode, 8))
         elif tag == "D" and heads:
             dirs[-1].add(rest.split(" ", 1)[1])
-    sides = tuple(Side(p, k, f, fs, frozenset(ds), up)
-                  for (p, k, f, up), fs, ds in zip(heads, files, dirs, strict=True))
+        elif tag == "L" and heads:
+            link_of = rest.split(" ", 1)[1]
+    sides = tuple(Side(p, k, f, fs, frozenset(ds), up, ln, out)
+                  for (p, k, f, up), fs, ds, ln, out in zip(heads, files, dirs, links, outside,
+                                                           strict=True))
     return Listing(home, rsync, hostname, tuple(markers), tuple(envs), sides)
+
+
+def link_inside(root: str, rel: str, target: str) -> str | None:
+    """The target of the link ``rel`` below the folder ``root``, as a path relative to the
+    link's own folder, when it points inside the folder (without following any other link);
+    None when it points outside it (``..`` past the top, or an absolute path elsewhere)."""
+    top = posixpath.normpath(root)
+    here = posixpath.dirname(posixpath.join(top, rel))
+    full = posixpath.normpath(posixpath.join(here, target))  # an absolute target stays itself
+    if full == top or not full.startswith(top.rstrip("/") + "/"):
+        return None
+    return posixpath.relpath(full, here)
 
 
 def _glob(pattern: str) -> str:
@@ -157,9 +187,11 @@ class Excludes:
         return any(self._match("/".join(parts[:i]), True) for i in range(1, len(parts) + 1))
 
 
-def walk_local(path: Path, excludes: Excludes) -> Side:
-    """This machine's side: a folder's regular files (symlinks and special files are left out,
-    as on the host), or one file."""
+def walk_local(path: Path, excludes: Excludes, links_as_files: bool = False) -> Side:
+    """This machine's side: a folder's regular files and its symbolic links (special files are
+    left out, as on the host), or one file. A link that points inside the folder is kept as a
+    link (``links_as_files``: the file it points at is sent in its place); one that points
+    outside is named in ``outside`` and never followed."""
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -171,13 +203,17 @@ def walk_local(path: Path, excludes: Excludes) -> Side:
         raise ProvisionError(f"{path}: neither a file nor a folder")
     files: dict[str, Entry] = {}
     dirs: set[str] = set()
+    links: dict[str, str] = {}
+    outside: dict[str, str] = {}
     for top, subdirs, names in os.walk(path):
         base = Path(top).relative_to(path).as_posix()
         base = "" if base == "." else base
         keep = []
         for d in sorted(subdirs):
             rel = f"{base}/{d}" if base else d
-            if not excludes.skip_dir(rel) and not (Path(top) / d).is_symlink():
+            if (Path(top) / d).is_symlink():
+                names.append(d)  # a link to a folder is a link, never walked into
+            elif not excludes.skip_dir(rel):
                 keep.append(d)
                 dirs.add(rel)
         subdirs[:] = keep
@@ -188,7 +224,19 @@ def walk_local(path: Path, excludes: Excludes) -> Side:
             s = (Path(top) / n).lstat()
             if stat.S_ISREG(s.st_mode):
                 files[rel] = Entry(rel, s.st_size, int(s.st_mtime), stat.S_IMODE(s.st_mode))
-    return Side(str(path), "d", _free(path), files, frozenset(dirs))
+            elif stat.S_ISLNK(s.st_mode):
+                target = os.readlink(Path(top) / n)
+                inside = link_inside(str(path), rel, target)
+                if inside is None:
+                    outside[rel] = target
+                    continue
+                t = (Path(top) / n).stat() if links_as_files and (Path(top) / n).is_file() \
+                    else None
+                if t is not None:
+                    files[rel] = Entry(rel, t.st_size, int(t.st_mtime), stat.S_IMODE(t.st_mode))
+                else:
+                    links[rel] = inside
+    return Side(str(path), "d", _free(path), files, frozenset(dirs), links=links, outside=outside)
 
 
 def _free(path: Path) -> int:
@@ -207,7 +255,9 @@ def filtered(side: Side, excludes: Excludes) -> Side:
         return side
     return Side(side.path, side.kind, side.free,
                 {k: e for k, e in side.files.items() if not excludes.skip(k)},
-                frozenset(d for d in side.dirs if not excludes.skip_dir(d)))
+                frozenset(d for d in side.dirs if not excludes.skip_dir(d)), side.parent_exists,
+                {k: t for k, t in side.links.items() if not excludes.skip(k)},
+                {k: t for k, t in side.outside.items() if not excludes.skip(k)})
 
 
 @dataclass(frozen=True)
@@ -217,6 +267,8 @@ class Changes:
     send: tuple[Entry, ...]
     same: int
     delete: tuple[str, ...] = ()
+    links: tuple[tuple[str, str], ...] = ()  # (rel, target) to make on the receiving side
+    outside: tuple[tuple[str, str], ...] = ()  # links left out: they point outside the folder
 
     @property
     def bytes(self) -> int:
@@ -229,7 +281,9 @@ def changes(source: Side, dest: Side, delete: bool = False) -> Changes:
     send = tuple(e for k, e in sorted(source.files.items())
                  if (d := dest.files.get(k)) is None or (d.size, d.mtime) != (e.size, e.mtime))
     gone = tuple(sorted(k for k in dest.files if k not in source.files)) if delete else ()
-    return Changes(send, len(source.files) - len(send), gone)
+    links = tuple((k, t) for k, t in sorted(source.links.items()) if dest.links.get(k) != t)
+    return Changes(send, len(source.files) - len(send), gone, links,
+                   tuple(sorted(source.outside.items())))
 
 
 def remote_abspath(path: str, home: str, base: str) -> str:

@@ -184,7 +184,10 @@ def argv(rsync: str, ssh_argv: Sequence[str], source: str, dest: str, *, listed:
          "--info=progress2", "--no-human-readable", "--stats", "--timeout=120",
          "-e", rsh(ssh_argv)]
     if listed:
-        a += ["--files-from=-", "--from0"]
+        # only the files sync chose are listed: regular ones, and links inside the folder that
+        # --links-as-files sends as their file (--copy-links). Links themselves are made after
+        # the transfer by sync, the same for both transports; outside ones are never listed
+        a += ["--files-from=-", "--from0", "--copy-links"]
         local, remote = local.rstrip("/") + "/", remote.rstrip("/") + "/"
     return a + ([local, remote] if up else [remote, local])
 

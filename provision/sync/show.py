@@ -47,30 +47,48 @@ def transfer_bar(label: str, out: Console = err_console
 
 
 def sync_report(r: Mapping[str, Any], out: Console = console) -> None:
-    arrow = "->" if r["direction"] == "up" else "<-"
-    head = f"sync {r['direction']}: {r['host']}: {r['source']} {arrow} {r['dest']}"
+    # the source first, always: a download reads host -> here, and says it fetched
+    up = r["direction"] == "up"
+    src = f"{r['host']}:{r['source']}" if not up else r["source"]
+    dest = f"{r['host']}:{r['dest']}" if up else r["dest"]
+    head = f"sync {r['direction']}: {src} -> {dest}"
+    verb, verbs = ("send", "sent") if up else ("fetch", "fetched")
     if r["dry_run"]:
         out.print(text(f"{head} (dry run: nothing was moved)"))
-        out.print(text(f"would send {r['files']} file(s), {human(r['bytes'])} by {r['transport']} "
-                  f"({r['transport_why']}); {r['same']} already the same"))
+        out.print(text(f"would {verb} {r['files']} file(s), {human(r['bytes'])} by "
+                       f"{r['transport']} ({r['transport_why']}); {r['same']} already the same"))
         for name in r["planned"][:SHOWN]:
-            out.print(text(f"  send {name}"))
+            out.print(text(f"  {verb} {name}"))
         if len(r["planned"]) > SHOWN:
             out.print(text(f"  ... and {len(r['planned']) - SHOWN} more"))
         for name in r["deletions"][:SHOWN]:
             out.print(text(f"  delete {name}"))
         if len(r["deletions"]) > SHOWN:
             out.print(text(f"  ... and {len(r['deletions']) - SHOWN} more to delete"))
+        links(r, out)
         return
     out.print(text(head))
     rate = f", {r['mbs']} MB/s" if r.get("mbs") else ""
     resumed = f"; {human(r['resumed_bytes'])} were already there from a cut run" \
         if r["resumed_bytes"] else ""
-    out.print(text(f"sent {r['files']} file(s), {human(r['sent_bytes'])} in {r['seconds']:.1f}s"
+    out.print(text(f"{verbs} {r['files']} file(s), {human(r['sent_bytes'])} in {r['seconds']:.1f}s"
               f"{rate} by {r['transport']}{resumed}; {r['same']} already the same"
               + (f"; deleted {r['deleted']}" if r["deleted"] else "")))
     if r["files"]:
         out.print(text(f"checked: {r['verified']}"))
+    links(r, out)
+
+
+def links(r: Mapping[str, Any], out: Console = console) -> None:
+    """The symbolic links made, and those left out because they point outside the folder."""
+    if r.get("links"):
+        made = "would make" if r["dry_run"] else "made"
+        out.print(text(f"{made} {r['links']} symbolic link(s) (they point inside the folder)"))
+    skipped = r.get("skipped_links") or ()
+    if skipped:
+        out.print(text(f"left out {len(skipped)} link(s) pointing outside the folder (never "
+                       f"followed): {', '.join(skipped[:10])}"
+                       + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")))
 
 
 def watch_report(r: Mapping[str, Any], out: Console = console) -> None:

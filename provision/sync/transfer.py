@@ -71,6 +71,8 @@ class Options:
     delete: bool = False
     dry_run: bool = False
     transport: str = "auto"  # auto | rsync | sftp
+    only: frozenset[str] | None = None  # up: send only these files below the folder (git's list)
+    links_as_files: bool = False  # up: a link inside the folder sends the file it points at
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class Report:
     dry_run: bool = False
     planned: tuple[str, ...] = ()  # the files to send (dry run)
     deletions: tuple[str, ...] = ()
+    links: int = 0  # symbolic links made (they point inside the folder)
+    skipped_links: tuple[str, ...] = ()  # "path -> target" of links pointing outside: left out
 
     @property
     def mbs(self) -> float | None:
@@ -225,9 +229,13 @@ def sync_up(ex: Executor, target: Target, src: Path, dest: str | None, opts: Opt
     ``<name of src>``; a trailing "/" means into that folder)."""
     excludes = Excludes(opts.excludes)
     src = src.expanduser().absolute()
-    local = walk_local(src, excludes)
+    local = walk_local(src, excludes, opts.links_as_files)
     if local.kind == "-":
         raise ProvisionError(f"{src}: no such file or folder here")
+    if opts.only is not None and local.kind == "d":
+        local = replace(local, files={k: e for k, e in local.files.items() if k in opts.only},
+                        links={k: t for k, t in local.links.items() if k in opts.only},
+                        outside={k: t for k, t in local.outside.items() if k in opts.only})
     name = src.name
     host = resolve(ex, target, landing(dest, name) if dest is not None else None, name)
     there = host.side
@@ -243,7 +251,8 @@ def sync_up(ex: Executor, target: Target, src: Path, dest: str | None, opts: Opt
                   transport=transport, transport_why=why, files=len(plan.send), same=plan.same,
                   deleted=len(plan.delete), bytes=plan.bytes, sent_bytes=0, resumed_bytes=0,
                   seconds=0.0, verified="", dry_run=opts.dry_run,
-                  planned=tuple(e.rel or name for e in plan.send), deletions=plan.delete)
+                  planned=tuple(e.rel or name for e in plan.send), deletions=plan.delete,
+                  links=len(plan.links), skipped_links=_named(plan.outside))
     if opts.dry_run:
         return base
     _check_space(plan.bytes, there.free, there.path, target.name)
@@ -256,6 +265,8 @@ def sync_up(ex: Executor, target: Target, src: Path, dest: str | None, opts: Opt
     else:
         sent, resumed, verified = 0, 0, "nothing to send"
     seconds = time.monotonic() - started
+    if plan.links:
+        host_script(ex, "link", [there.path, *(x for pair in plan.links for x in pair)])
     if plan.delete:
         host_script(ex, "delete", [there.path, *(join(there.path, r) for r in plan.delete)])
     return _done(base, sent, resumed, seconds, verified)
@@ -284,7 +295,8 @@ def sync_down(ex: Executor, target: Target, src: str, dest: str | None, opts: Op
                   transport=transport, transport_why=why, files=len(plan.send), same=plan.same,
                   deleted=len(plan.delete), bytes=plan.bytes, sent_bytes=0, resumed_bytes=0,
                   seconds=0.0, verified="", dry_run=opts.dry_run,
-                  planned=tuple(e.rel or name for e in plan.send), deletions=plan.delete)
+                  planned=tuple(e.rel or name for e in plan.send), deletions=plan.delete,
+                  links=len(plan.links), skipped_links=_named(plan.outside))
     if opts.dry_run:
         return base
     _check_space(plan.bytes, here.free, str(here_path), "this machine")
@@ -298,9 +310,24 @@ def sync_down(ex: Executor, target: Target, src: str, dest: str | None, opts: Op
     else:
         sent, resumed, verified = 0, 0, "nothing to fetch"
     seconds = time.monotonic() - started
+    for rel, to in plan.links:
+        _link_local(here_path, rel, to)
     for rel in plan.delete:
         _delete_local(here_path, rel)
     return _done(base, sent, resumed, seconds, verified)
+
+
+def _named(outside: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    return tuple(f"{rel} -> {to}" for rel, to in outside)
+
+
+def _link_local(root: Path, rel: str, target: str) -> None:
+    """Make the link ``rel`` -> ``target`` below ``root`` (replacing a link or file there)."""
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.is_symlink() or p.is_file():
+        p.unlink()
+    os.symlink(target, p)
 
 
 def local_landing(dest: str | None, name: str) -> Path:

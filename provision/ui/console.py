@@ -222,10 +222,12 @@ def bench_table(host: str, r: dict[str, Any], path: Any, out: Console | None = N
     out.print(text(f"report: {path}"))
 
 
-def compare_table(rows: Sequence[Any], notes: Sequence[str], out: Console | None = None) -> None:
+def compare_table(rows: Sequence[Any], notes: Sequence[str], out: Console | None = None,
+                  title: str = "compare: value for money, sorted by per 1M samples, cheapest first"
+                  ) -> None:
     from ..money.compare import money, number, significant, upload_text
     out = out or __getattr__("console")
-    t = table("compare: value for money (cheapest first)", "host", "platform", "GPU", "price/h>",
+    t = table(title, "host", "platform", "GPU", "price/h>",
               "TFLOPS>", "samples/s>", "per 1M samples>", "per TFLOP-hour>", "download MB/s>",
               "link up/down MB/s>", "100 GB up>")
     for r in rows:

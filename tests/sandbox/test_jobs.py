@@ -131,9 +131,9 @@ def test_run_returns_at_once_in_one_execution(trained: harness.HostInfo, gp: Gp,
               "print([os.environ.get(k) for k in ('CUDA_VISIBLE_DEVICES', 'PYTHONUNBUFFERED', "
               "'NCCL_P2P_DISABLE', 'GP_JOB_TOKEN')]); print(os.getcwd())")
     before = len(trained.sessions())
-    r = gp.ok("-H", inv, "run", "--name", "argv", "--workdir", "/tmp", "--", "python", "-c",
-              script, *HOSTILE, env={"GP_JOB_TOKEN": token})
-    assert len(trained.sessions()) - before == 1, "run is ONE remote execution"
+    r = gp.ok("-H", inv, "run", "--name", "argv", "--workdir", "/tmp", "--no-code", "--",
+              "python", "-c", script, *HOSTILE, env={"GP_JOB_TOKEN": token})
+    assert len(trained.sessions()) - before == 1, "run with --no-code is ONE remote execution"
     assert "box: applying NCCL_P2P_DISABLE=1 (nccl all-reduce: hung with peer-to-peer on)" in r.stderr
     assert "box: started job argv-" in r.stdout and "follow it: gpu-provision -H " in r.stdout
     job = r.stdout.split("started job ")[1].split()[0]
@@ -432,7 +432,7 @@ def test_two_hosts_torchrun_with_gloo(trained: harness.HostInfo, second: harness
     both = f"{trained.inventory},{second.inventory}"
     a, b = Path(trained.inventory).stem, Path(second.inventory).stem
     r = gp.ok("run", "--hosts", both, "--nproc-per-node", "2", "--master-port", str(free_port()),
-              "--", "ddp.py")
+              "--no-code", "--", "ddp.py")
     assert f"rendezvous on {trained.host}:" in r.stderr and "interface lo" in r.stderr
     assert f"$ torchrun --nnodes=2 --node-rank=1 --nproc-per-node=2 --master-addr={trained.host}" \
         in r.stdout

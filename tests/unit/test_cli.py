@@ -44,7 +44,7 @@ def test_bad_inventory_on_the_command_line(tmp_path: Path) -> None:
                        capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stderr.strip() == (f"error: {tmp_path}/inventories/box.yaml:2: prot: unknown key "
-                                "(allowed: cuda_compat, currency, data_dir, domain_libraries, "
+                                "(did you mean 'port'? allowed: cuda_compat, currency, data_dir, domain_libraries, "
                                 "env_name, gpu, host, keep, key, miniconda_sha256, miniconda_version, "
                                 "mirrors, notes, packages, password_env, platform, port, "
                                 "price_per_hour, push_env, python, recipe, torch, user)")

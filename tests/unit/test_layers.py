@@ -17,7 +17,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("sync", "setup"),
     ("ui",),
     ("money", "fit"),
-    ("jobs", "doctor", "ops"),
+    ("jobs", "doctor", "ops", "access"),
     ("facts",),
     ("verify",),
     ("remote", "wheels"),

@@ -20,7 +20,7 @@ from rich.console import Console
 from provision.config.minimums import KEYS as MINIMUM_KEYS
 from provision.config.shipped import templates_dir
 from provision.doctor.match import diagnose
-from provision.money.compare import rows
+from provision.money.compare import resolve_sort, rows, sort_title
 from provision.ops.validate import read_validation
 from provision.setup import show
 from provision.setup.engine import Applied, StepRecord
@@ -109,4 +109,8 @@ def test_compare_table() -> None:
                for p in sorted((ROOT / "bench" / "published").glob("*.json"))]
     table = rows(reports, lambda r: (r.get("price_per_hour"), r.get("currency")))
     notes = sorted({str(r["published"]) for _, r in reports if r.get("published")})
-    check("compare-published", rendered(lambda c: output.compare_table(table, notes, out=c), 160))
+    # published figures have no training throughput: the sort says it used the TFLOP-hour
+    title = f"compare: value for money, {sort_title(resolve_sort(table, 'auto'))}"
+    assert title == "compare: value for money, sorted by per TFLOP-hour, cheapest first"
+    check("compare-published", rendered(lambda c: output.compare_table(table, notes, out=c,
+                                                                       title=title), 160))

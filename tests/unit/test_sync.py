@@ -251,3 +251,32 @@ def test_rsync_is_not_used_for_a_login_ssh_would_have_to_prompt_for() -> None:
             "the login needs a password (ssh would prompt for it)"
     assert why_not(Target(name="box", host="h", passphrase="pp"), local, "rsync  version 3.2.7") == \
         "the key needs its passphrase (ssh would prompt for it)"
+
+
+def test_links_inside_the_folder_are_kept_relative_and_outside_ones_named(tmp_path: Path) -> None:
+    from provision.sync.plan import Excludes, changes, link_inside, walk_local
+    assert link_inside("/d", "last.ckpt", "epoch=9.ckpt") == "epoch=9.ckpt"
+    assert link_inside("/d", "a/b/x", "../../y") == "../../y"
+    assert link_inside("/d", "a/x", "/d/y") == "../y"  # absolute, inside: made relative
+    assert link_inside("/d", "a/x", "../../etc/passwd") is None
+    assert link_inside("/d", "x", "/etc/passwd") is None
+    assert link_inside("/d", "x", ".") is None  # the folder itself
+    root = tmp_path / "ck"
+    (root / "sub").mkdir(parents=True)
+    (root / "epoch=9.ckpt").write_bytes(b"weights")
+    (root / "last.ckpt").symlink_to("epoch=9.ckpt")
+    (root / "sub" / "up").symlink_to("../epoch=9.ckpt")
+    (root / "abs").symlink_to(root / "epoch=9.ckpt")
+    (root / "dirlink").symlink_to("sub")
+    (root / "secrets").symlink_to("/etc/passwd")
+    (root / "dangling").symlink_to("../../elsewhere")
+    side = walk_local(root, Excludes())
+    assert set(side.files) == {"epoch=9.ckpt"}
+    assert side.links == {"last.ckpt": "epoch=9.ckpt", "sub/up": "../epoch=9.ckpt",
+                          "abs": "epoch=9.ckpt", "dirlink": "sub"}
+    assert side.outside == {"secrets": "/etc/passwd", "dangling": "../../elsewhere"}
+    as_files = walk_local(root, Excludes(), links_as_files=True)
+    assert set(as_files.files) == {"epoch=9.ckpt", "last.ckpt", "sub/up", "abs"}
+    assert as_files.links == {"dirlink": "sub"}
+    plan = changes(side, walk_local(tmp_path / "none", Excludes()))
+    assert dict(plan.links) == side.links and dict(plan.outside) == side.outside

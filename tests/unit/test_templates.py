@@ -107,7 +107,9 @@ def test_every_template_is_covered() -> None:
                        # fit --measure: tests/unit/test_fit_measure.py
                        "fit/measure.sh.j2", "fit/measure_run.py", "fit/measure_hook.py",
                        # as root: tests/unit/test_as_root.py, tests/sandbox/test_logins.py
-                       "remote/_as_root.sh.j2", "remote/as_root.sh.j2"}
+                       "remote/_as_root.sh.j2", "remote/as_root.sh.j2",
+                       # the login block and shell: tests/unit/test_access.py
+                       "setup/_login.sh.j2", "setup/login_forget.sh.j2", "access/shell.sh.j2"}
 
 
 def test_bench_script_renders_and_runs_without_torch(cpu_host: HostFacts, http_servers: tuple[str, str],
