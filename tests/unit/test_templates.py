@@ -27,6 +27,7 @@ from provision.facts.osinfo import parse_os_release
 from provision.facts.pci import PciGpu
 from provision.facts.platform import Virtualization
 from provision.ops.driver import hold_step, install_step
+from provision.ops.driver_pick import choose
 from provision.remote.command import quote
 from provision.remote.runtime import detached_script, foreground_script, split_result
 from provision.remote.templating import render
@@ -73,17 +74,20 @@ def test_step_scripts_render_for_every_inventory(cpu_host: HostFacts, inventory:
         assert bash_ok(script), step.name
 
 
-@pytest.mark.parametrize("os_release,branch,open_modules", [
-    ("ID=ubuntu\nVERSION_ID=22.04\n", 580, True),
-    ("ID=debian\nVERSION_ID=12\n", 580, False),
-    ("ID=centos\nVERSION_ID=7\nID_LIKE=\"rhel fedora\"\n", 550, False),
-    ("ID=rocky\nVERSION_ID=9.5\nID_LIKE=\"rhel centos fedora\"\n", 580, True),
+@pytest.mark.parametrize("os_release,caps", [
+    ("ID=ubuntu\nVERSION_ID=20.04\n", [(8, 6)]),
+    ("ID=ubuntu\nVERSION_ID=22.04\n", [(9, 0)]),
+    ("ID=debian\nVERSION_ID=12\n", [(6, 1)]),
+    ("ID=debian\nVERSION_ID=12\n", [(3, 7)]),
+    ("ID=centos\nVERSION_ID=7\nID_LIKE=\"rhel fedora\"\n", [(3, 7)]),
+    ("ID=rocky\nVERSION_ID=9.5\nID_LIKE=\"rhel centos fedora\"\n", [(9, 0)]),
+    ("ID=almalinux\nVERSION_ID=10.0\nID_LIKE=\"rhel centos fedora\"\n", [(8, 9)]),
 ])
-def test_driver_scripts_render(cpu_host: HostFacts, os_release: str, branch: int,
-                               open_modules: bool) -> None:
+def test_driver_scripts_render(cpu_host: HostFacts, os_release: str,
+                               caps: list[tuple[int, int]]) -> None:
     facts = replace(cpu_host, os=parse_os_release(os_release))
-    for step in (install_step(facts, branch, open_modules, "install", "why"),
-                 hold_step(facts, branch, open_modules)):
+    pick = choose(caps, facts)
+    for step in (install_step(facts, pick, "install", "why"), hold_step(facts, pick.branch)):
         assert step.body and bash_ok(step.body)
 
 
@@ -92,7 +96,8 @@ def test_every_template_is_covered() -> None:
                for p in d.iterdir() if p.suffix in (".j2", ".py")}
     assert shipped == {"facts/facts.sh.j2", "remote/step.sh.j2", "remote/_journal.sh.j2", "jobs/_follow.sh.j2", "remote/foreground.sh.j2", "setup/conda.sh.j2", "setup/env.sh.j2", "setup/torch.sh.j2",
                        "setup/packages.sh.j2", "setup/validate.sh.j2", "gpu/validate_gpu.py", "setup/driver.sh.j2",
-                       "setup/driver_hold.sh.j2", "setup/_first_mirror.sh.j2", "setup/secrets.sh.j2",
+                       "setup/driver_hold.sh.j2", "setup/_first_mirror.sh.j2", "setup/_pkg_wait.sh.j2",
+                       "setup/_el_repos.sh.j2", "setup/_debian_components.sh.j2", "setup/secrets.sh.j2",
                        "setup/secrets_forget.sh.j2", "gpu/bench.sh.j2", "gpu/bench_gpu.py", "setup/_install.sh.j2",
                        # jobs (rendered and run in tests/unit/test_jobs_scripts.py)
                        "jobs/follow.sh.j2", "jobs/_jobs.sh.j2", "jobs/job_launch.sh.j2", "jobs/job_wrapper.sh.j2",
