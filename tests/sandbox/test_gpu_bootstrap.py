@@ -31,17 +31,16 @@ def test_no_driver_vm_bootstrap_end_to_end(hosts: Hosts, gp_home: Path, tmp_path
                           timeout=1500)
         assert "rebooting (the module cannot load without it)" in r.stdout
         f = facts_json(info, gp_home)
-        assert f["boot_id"] != boot and f["driver"] == "580.126.20"
-        assert info.state()["held"] == ["libnvidia-compute-580-server", "nvidia-dkms-580-server-open",
-                                        "nvidia-driver-580-server-open",
-                                        "nvidia-kernel-common-580-server",
-                                        "nvidia-kernel-source-580-server-open",
-                                        "nvidia-utils-580-server"]
+        # Ubuntu 20.04's archive ends at branch 550: every package of it held
+        assert f["boot_id"] != boot and f["driver"] == "550.163.01"
+        held = info.state()["held"]
+        assert "nvidia-driver-550-server" in held and "libnvidia-compute-550-server" in held
+        assert all("550" in name for name in held)
         for step in ("conda", "env", "torch"):
             entry = json.loads(info.path(f"/root/.gpu-provision/steps/{step}.json").read_text())
             assert entry["result"] == "ok", step
         env = {e["name"]: e for e in f["envs"]}["torch"]
-        assert (env["torch"].split("+")[0], env["torch_cuda"]) == ("2.14.1", "13.0")
+        assert (env["torch"].split("+")[0], env["torch_cuda"]) == ("2.7.1", "11.8")
         # no GPU here: the verdict says so, in one line, and the exit code says FAIL
         assert r.returncode == 1 and "verdict: FAIL" in r.stdout
         rep = report(tmp_path, info.id)
