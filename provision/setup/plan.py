@@ -209,7 +209,10 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                                   f"{facts.nvidia_detail}; {platform.name} is a {platform.kind} whose "
                                   "driver belongs to the platform: never touched. Ask the "
                                   "provider, or rent another instance"))
-        blocked = f"the GPU is not usable: {facts.nvidia_detail}"
+        # the refusal says whose driver it is: a task that shows only the refusal says it too
+        blocked = (f"the GPU is not usable: {facts.nvidia_detail}; {platform.name} is a "
+                   f"{platform.kind} whose driver belongs to the platform: never touched. Ask "
+                   "the provider, or rent another instance")
     elif facts.nvidia_state == "nvml_mismatch":
         decisions.append(Decision("driver", "reboot", facts.nvidia_detail))
     else:
