@@ -341,16 +341,17 @@ def driver_task(c: Context, json_: bool = False) -> None:
     with _session(c) as s:
         p = s.plan()
         if not any(x.name in DRIVER_STEPS and x.changes for x in p.steps):
-            if p.blocked:
-                raise ProvisionError(f"{s.target.name}: {p.blocked}")
+            # what each driver step found, then the refusal when there is one
             idle = [d for d in p.decisions if d.step in DRIVER_STEPS]
-            if json_:
+            if json_ and not p.blocked:
                 output.print_json({"host": s.target.name, "steps": [
                     {"step": d.step, "result": "skipped", "changed": False, "seconds": 0,
                      "reason": d.reason} for d in idle]})
             for d in [] if json_ else idle:
                 output.console.print(f"{s.target.name}: {d.step}: nothing to do - {d.reason}",
                                      markup=False)
+            if p.blocked:
+                raise ProvisionError(f"{s.target.name}: {p.blocked}")
             left = [c for c in p.cannot if c.split(":", 1)[0] in DRIVER_STEPS]
             if left:  # the login cannot become root: named above, and a failure
                 raise ProvisionError(f"{s.target.name}: not run: {'; '.join(left)}")

@@ -19,7 +19,7 @@ from typing import Any
 from ..facts.fabric import fabric_ready, fabric_summary
 from ..facts.host import HostFacts
 from ..remote.templating import render
-from .driver import family
+from .driver import family, wait_context
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
 FABRIC_WAIT = 180  # seconds: the fabric takes about a minute to come up after the start
@@ -76,8 +76,9 @@ def fabric_step(facts: HostFacts, touchable: bool) -> Step | None:
     install = fm is None or fm.version != driver
     fam = family(facts)
     packages = fm_packages(fam, driver)
+    # the install waits for cloud-init and the package manager's locks as the driver's does
     body = render("setup/fabricmanager.sh.j2", family=fam, packages=packages, driver=driver,
-                  install=install, wait=FABRIC_WAIT)
+                  install=install, wait=FABRIC_WAIT, **wait_context(fam))
     action = (f"install nvidia-fabricmanager {driver}, hold it and start it" if install
               else "enable and start nvidia-fabricmanager")
     return Step("fabric-manager", f"{board}: {why}; {ERR_802}", action=action, body=body,

@@ -15,6 +15,8 @@ from ..ops import driver as driver_ops
 from ..ops import fabric as fabric_ops
 from ..ops import validate as validate_ops
 from ..ops.conda import conda_step
+from ..ops.driver_pick import NoDriver, Pick, choose, first_release
+from ..ops.driver_pick import table as driver_table
 from ..ops.env import env_step, python_conflict
 from ..ops.installer import installer_decision
 from ..ops.layout import Layout, find_env, layout, ours
@@ -24,13 +26,6 @@ from ..ops.step import Step, nothing
 from ..ops.torch import judge_env_torch, packages_step, torch_step
 from ..wheels.data import parse_compute_cap
 from ..wheels.rule import TorchChoice, torch_candidates
-
-# Branches installed when the driver is missing or too old (compat.md §1.5).
-KEPLER_BRANCH = 470  # last branch with Kepler
-CURRENT_BRANCH = 580  # CUDA 13.0; last branch with Maxwell, Pascal and Volta
-CURRENT_BRANCH_MIN = "580.65.06"  # the first 580 release (CUDA 13.0 GA)
-KEPLER_BRANCH_MIN = "470.42.01"
-ELREPO_EL7_BRANCH, ELREPO_EL7_VERSION = 550, "550.144.03"  # the last kmod-nvidia for EL7
 
 
 @dataclass(frozen=True)
@@ -79,23 +74,6 @@ class Plan:
         }
 
 
-def driver_branch(caps: list[tuple[int, int]], facts: HostFacts | None = None
-                  ) -> tuple[int, bool, str]:
-    """The branch to install for these GPUs: (branch, open kernel modules, reason)."""
-    if facts is not None and facts.os.id == "centos" and facts.os.major == 7:
-        return ELREPO_EL7_BRANCH, False, "CentOS 7: ELRepo's kmod-nvidia ends at 550"
-    if any(c[0] == 3 for c in caps):
-        return KEPLER_BRANCH, False, "Kepler GPUs end at driver branch 470"
-    if any(c[0] >= 10 for c in caps):
-        return CURRENT_BRANCH, True, "Blackwell needs the open kernel modules and >= R570"
-    if any(c < (7, 5) for c in caps):
-        return CURRENT_BRANCH, False, "Maxwell/Pascal/Volta end at branch 580 (proprietary modules)"
-    if not caps:  # the open modules need Turing or newer; the proprietary ones run on all of them
-        return CURRENT_BRANCH, False, ("the GPU's model is unknown to the data: the proprietary "
-                                       "modules, which run on every generation branch 580 has")
-    return CURRENT_BRANCH, True, "Turing and newer: open kernel modules (NVIDIA's default since R560)"
-
-
 # steps whose change breaks a job under way: its env's files, its driver, a reboot
 UNDER_JOBS = ("driver", "reboot", "env", "torch", "packages")
 
@@ -128,11 +106,14 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     if not caps and facts.pci_gpus:  # no driver yet: the GPU model from the PCI bus
         caps = sorted({parse_compute_cap(cc) for g in facts.pci_gpus
                        if (cc := cc_from_name(g.name))})
+    if not caps and facts.nvlink5:  # "8x B200": known by its PCI ID where lspci has no name
+        cc = cc_from_name(facts.nvlink5.partition("x ")[2])
+        caps = [parse_compute_cap(cc)] if cc else []
     glibc = facts.glibc
     torch: TorchChoice | None = None
     cands: tuple[TorchChoice, ...] = ()
     blocked: str | None = None
-    install: tuple[int, bool] | None = None
+    install: Pick | None = None
 
     # What is kept must pass the rule that picks what is installed: a platform's env whose torch
     # fails it (or a pinned torch: it is not) stays as it is, and an env of ours beside it in
@@ -177,13 +158,26 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         return (f"the torch {settings.torch} asked ({settings.how_asked('torch')}) fails the "
                 f"rule: {exc}")
 
-    def newer_driver_helps() -> bool:
+    def chosen() -> Pick:
+        """The driver bootstrap would install here (NoDriver: none, and why)."""
+        return choose(caps, facts)
+
+    def newer_driver_helps(newer: Pick) -> bool:
         """Would the branch bootstrap installs give a wheel? (Not for a pin without the
         GPUs' kernels, or GPUs no build has.)"""
-        branch = driver_branch(caps, facts)[0]
         try:
-            pick({KEPLER_BRANCH: KEPLER_BRANCH_MIN, ELREPO_EL7_BRANCH: ELREPO_EL7_VERSION}.get(
-                branch, CURRENT_BRANCH_MIN), None)
+            pick(newer.version, None)
+        except NoWheelError:
+            return False
+        return True
+
+    def limited_by_branch(chosen_pick: Pick) -> bool:
+        """Would NVIDIA's long-term branch give a wheel where the chosen (older) one does not?"""
+        best = int(driver_table()["prefer"])
+        if chosen_pick.branch >= best:
+            return False
+        try:
+            pick(first_release(best), None)
         except NoWheelError:
             return False
         return True
@@ -203,17 +197,24 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                                       f"driver {facts.driver} loaded (CUDA <= {facts.driver_cuda}, "
                                       f"{facts.driver_cuda_source}); enough for {torch.label}{owner}"))
         except NoWheelError as exc:
-            if touchable and newer_driver_helps():
-                branch, open_mod, why = driver_branch(caps, facts)
-                install = (branch, open_mod)
-                decisions.append(Decision("driver", f"upgrade to branch {branch}"
-                                          f"{' (open modules)' if open_mod else ''}",
-                                          f"driver {facts.driver} is too old: {exc}; {why}"))
-            elif touchable:  # the pin (or the GPUs) no driver can save
+            try:
+                newer: Pick | None = chosen() if touchable else None
+            except NoDriver as refused:
+                newer = None
+                blocked = f"driver {facts.driver} is too old: {exc}; {refused}"
+                decisions.append(Decision("driver", None, blocked))
+            if newer is not None and newer_driver_helps(newer):
+                install = newer
+                decisions.append(Decision("driver", f"upgrade to branch {install.branch}"
+                                          f"{' (open modules)' if install.open else ''} from "
+                                          f"{install.source}",
+                                          f"driver {facts.driver} is too old: {exc}; "
+                                          f"{install.why}"))
+            elif touchable and blocked is None:  # the pin (or the GPUs) no driver can save
                 blocked = no_wheel(exc)
                 decisions.append(Decision("driver", None, f"driver {facts.driver} loaded; a "
                                           f"newer one would not help: {exc}"))
-            else:
+            elif blocked is None:
                 blocked = no_wheel(exc)
                 decisions.append(Decision("driver", None, f"{platform.name} owns the driver "
                                           f"(never touched on a {platform.kind}); {exc}"))
@@ -225,27 +226,38 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                                   f"{facts.nvidia_detail}; {platform.name} is a {platform.kind} whose "
                                   "driver belongs to the platform: never touched. Ask the "
                                   "provider, or rent another instance"))
-        blocked = f"the GPU is not usable: {facts.nvidia_detail}"
+        # the refusal says whose driver it is: a task that shows only the refusal says it too
+        blocked = (f"the GPU is not usable: {facts.nvidia_detail}; {platform.name} is a "
+                   f"{platform.kind} whose driver belongs to the platform: never touched. Ask "
+                   "the provider, or rent another instance")
     elif facts.nvidia_state == "nvml_mismatch":
         decisions.append(Decision("driver", "reboot", facts.nvidia_detail))
     else:
-        branch, open_mod, why = driver_branch(caps, facts)
-        install = (branch, open_mod)
-        how = {"apt": "apt", "yum": "yum/dnf"}.get(facts.os.family or "", "the distro's tools")
-        reason = f"{facts.nvidia_detail}; {why}"
-        if facts.nouveau_loaded:
-            reason += "; nouveau is loaded and will be blacklisted (reboot needed)"
-        decisions.append(Decision("driver", f"install branch {branch}"
-                                  f"{' (open modules)' if open_mod else ''} with {how}", reason))
+        try:
+            install = chosen()
+        except NoDriver as exc:  # refused before anything is installed, with what to do
+            blocked = f"no driver can be installed here: {exc}"
+            decisions.append(Decision("driver", None, f"{facts.nvidia_detail}; {exc}"))
+        else:
+            reason = f"{facts.nvidia_detail}; {install.why}"
+            if facts.nouveau_loaded:
+                reason += "; nouveau is loaded and will be blacklisted (reboot needed)"
+            decisions.append(Decision("driver", f"install branch {install.branch}"
+                                      f"{' (open modules)' if install.open else ''} from "
+                                      f"{install.source}", reason))
 
     if torch is None and blocked is None and facts.has_nvidia_gpu:
-        branch = driver_branch(caps, facts)[0]
-        branch_min = {KEPLER_BRANCH: KEPLER_BRANCH_MIN, ELREPO_EL7_BRANCH: ELREPO_EL7_VERSION}.get(
-            branch, CURRENT_BRANCH_MIN)
+        try:  # the driver the host gets: the branch's first release is what it may count on
+            expected = install.version if install is not None else chosen().version
+        except NoDriver:  # a reboot into the installed driver (NVML mismatch): its branch unknown
+            expected = first_release(int(driver_table()["prefer"]))
         try:
-            torch = pick(branch_min, None) if caps else None
+            torch = pick(expected, None) if caps else None
         except NoWheelError as exc:
             blocked = no_wheel(exc)
+            if install is not None and limited_by_branch(install):
+                blocked += (f" (the driver to install is branch {install.branch}, the newest "
+                            f"{install.source} has for {install.release} that drives these GPUs)")
         if caps == [] and torch is None and blocked is None:
             decisions.append(Decision("torch", "decide after the driver",
                                       "compute capability unknown until nvidia-smi answers"))
@@ -260,10 +272,10 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     if install is not None and blocked is None:
         assert driver_decision.action is not None
         try:
-            steps.append(driver_ops.install_step(facts, install[0], install[1],
-                                                 driver_decision.action, driver_decision.reason))
-        except ValueError as exc:
-            blocked = f"{exc}: install the NVIDIA driver by hand, then run bootstrap again"
+            steps.append(driver_ops.install_step(facts, install, driver_decision.action,
+                                                 driver_decision.reason))
+        except NoDriver as exc:
+            blocked = f"no driver can be installed here: {exc}"
     elif driver_decision.action == "reboot":
         steps.append(driver_ops.reboot_step(facts, driver_decision.reason))
     fabric = fabric_ops.fabric_step(facts, touchable)  # NVSwitch boards only

@@ -35,7 +35,7 @@ HIDE_ALWAYS = ("/etc/pip.conf", "/etc/xdg/pip")
 
 STANDINS_ALWAYS = ("lspci", "lsmod", "modprobe", "reboot", "shutdown", "systemd-detect-virt")
 STANDINS_BY_TOOLS = {
-    "apt": ("apt-get", "apt", "dpkg-query", "apt-mark", "update-initramfs"),
+    "apt": ("apt-get", "apt", "apt-cache", "dpkg-query", "apt-mark", "update-initramfs"),
     "yum": ("yum", "rpm", "dracut"),  # CentOS 7: yum 3, no dnf
     "dnf": ("dnf", "yum", "rpm", "dracut"),  # EL 8/9: yum is dnf
     "none": (),
@@ -328,9 +328,13 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
     if profile.get("ubuntu_drivers"):
         shutil.copy(FIXTURES / profile["ubuntu_drivers"], lib / "fixtures/ubuntu-drivers-devices.txt")
         tools += ("ubuntu-drivers",)
-    for name in ("yum-centos7-eol-mirrorlist-unreachable.txt",):
+    for name in ("yum-centos7-eol-mirrorlist-unreachable.txt", "apt-update-lists-lock-held.txt",
+                 "apt-get-install-frontend-lock-held.txt", "dnf-module-enable-stream-switch.txt",
+                 "modprobe-nvidia-key-rejected.txt", "mokutil-sb-state-enabled.txt"):
         shutil.copy(FIXTURES / "misc" / name, lib / "fixtures")
     shutil.copytree(FIXTURES / "login", lib / "fixtures/login")  # a login that is not root
+    if profile.get("secure_boot") == "enabled" and profile.get("mokutil", True):
+        tools += ("mokutil",)  # else the kernel enforces it, and nothing on the host says so
     for inside, capture in (profile.get("files") or {}).items():  # the distro's own files
         _write(up / inside.lstrip("/"), (FIXTURES / capture).read_text())
     for tool in tools:
@@ -348,7 +352,8 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
                              "driver": {"installed": profile.get("driver"),
                                         "loaded": profile.get("driver"), "packages": []},
                              "held": [], "processes": profile.get("processes", []),
-                             "release": profile.get("release"), "pkgdb": {"installed": {}}}
+                             "release": profile.get("release"), "pkgdb": {"installed": {}},
+                             "secure_boot": profile.get("secure_boot")}
     if profile.get("failure_fixture"):
         state["failure_fixture"] = Path(profile["failure_fixture"]).name
         shutil.copy(FIXTURES / profile["failure_fixture"], lib / "fixtures")

@@ -28,6 +28,7 @@ import io
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -121,10 +122,14 @@ def uname(args: list[str], st: dict) -> int:
     """``Linux NODE RELEASE VERSION... MACHINE PROCESSOR PLATFORM GNU/Linux``: the kernel fields
     replay the capture, the node name is this host's own."""
     words = fixture("uname.txt").split()
-    release, machine = words[2], words[-4]
-    version = " ".join(words[3:-4])
+    # `uname -a` leaves out the processor and the hardware platform where they are "unknown"
+    # (Debian, EL10: "... x86_64 GNU/Linux"; Ubuntu, EL7-9: "... x86_64 x86_64 x86_64 GNU/Linux")
+    full = words[-4] == words[-3] == words[-2]
+    machine = words[-4] if full else words[-2]
+    release, version = words[2], " ".join(words[3:-4] if full else words[3:-2])
     fields = {"-s": "Linux", "-n": os.uname().nodename, "-r": release, "-v": version,
-              "-m": machine, "-p": words[-3], "-i": words[-2], "-o": words[-1]}
+              "-m": machine, "-p": words[-3] if full else "unknown",
+              "-i": words[-2] if full else "unknown", "-o": words[-1]}
     long = {"--kernel-name": "-s", "--nodename": "-n", "--kernel-release": "-r",
             "--kernel-version": "-v", "--machine": "-m", "--processor": "-p",
             "--hardware-platform": "-i", "--operating-system": "-o", "--all": "-a"}
@@ -138,6 +143,8 @@ def uname(args: list[str], st: dict) -> int:
         flags += [f"-{c}" for c in a[1:]]
     order = ["-s", "-n", "-r", "-v", "-m", "-p", "-i", "-o"]
     wanted = order if "-a" in flags else [f for f in order if f in flags]
+    if "-a" in flags and not full:
+        wanted = [f for f in wanted if f not in ("-p", "-i")]
     print(" ".join(fields[f] for f in wanted))
     return 0
 
@@ -175,11 +182,52 @@ class Pkg:
         return out
 
 
+DEBIAN_AREAS = ("main", "contrib", "non-free", "non-free-firmware")
+
+
 def catalog() -> list[Pkg]:
     if not os.path.exists(f"{ROOT}/fixtures/packages.txt"):
         return []
     return [Pkg(ln) for ln in fixture("packages.txt").splitlines()
             if ln.strip() and not ln.startswith("#")]
+
+
+def apt_catalog() -> list[Pkg]:
+    """What apt knows: a package of a Debian archive area only where the host's sources enable
+    that area for its release (apt has no index of the others: "Unable to locate package")."""
+    pkgs = catalog()
+    if not any(p.repo in DEBIAN_AREAS for p in pkgs):
+        return pkgs
+    areas = enabled_areas()
+    return [p for p in pkgs if p.repo not in DEBIAN_AREAS or p.repo in areas]
+
+
+def enabled_areas() -> set[str]:
+    """Archive areas the sources enable for this release (codename, -updates, -security), in
+    both formats apt reads: one-line sources.list and deb822 .sources."""
+    osr = dict(re.findall(r'^(\w+)="?([^"\n]*)"?$', open("/etc/os-release").read(), re.M))
+    cn = osr.get("VERSION_CODENAME", "")
+    found: set[str] = set()
+    d = "/etc/apt/sources.list.d"
+    paths = ["/etc/apt/sources.list"] + (sorted(os.path.join(d, n) for n in os.listdir(d))
+                                         if os.path.isdir(d) else [])
+    for path in paths:
+        if not os.path.isfile(path):
+            continue
+        text = open(path, encoding="utf-8", errors="replace").read()
+        if path.endswith(".sources"):
+            for stanza in re.split(r"\n\s*\n", text):
+                fields = dict(re.findall(r"^([A-Za-z-]+):[ \t]*(.*)$", stanza, re.M))
+                if fields.get("Enabled", "yes") != "no" and any(
+                        x == cn or x.startswith(cn + "-") for x in fields.get("Suites", "").split()):
+                    found |= set(fields.get("Components", "").split())
+        elif path.endswith(".list"):
+            for line in text.splitlines():
+                words = re.sub(r"\[[^]]*\]", "", line).split()
+                if len(words) >= 4 and words[0] == "deb" and (
+                        words[2] == cn or words[2].startswith(cn + "-")):
+                    found |= set(words[3:])
+    return found
 
 
 def installed(st: dict) -> dict[str, dict]:
@@ -233,6 +281,19 @@ def settle(st: dict) -> None:
     for name, p in db.items():
         if "nvidia.ko" not in p["ships"]:
             continue
+        if name.startswith("linux-modules-nvidia-"):
+            # Canonical's prebuilt modules: the version is the kernel's; the driver's is the
+            # version of the kernel-common package they come with
+            if not name.endswith(kr):
+                continue
+            path = f"/lib/modules/{kr}/kernel/nvidia/nvidia.ko"
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "a").close()
+            common = [q for n, q in db.items() if n.startswith("nvidia-kernel-common-")]
+            st["driver"]["signed"] = True
+            st["driver"]["installed"] = (common[0] if common else p)["version"].split("-")[0]
+            st["driver"]["packages"] = sorted(set(st["driver"]["packages"]) | {name})
+            continue
         if "dkms" in name:
             # DKMS builds for the running kernel only where its headers are there (Ubuntu's
             # dkms postinst skips the build with a notice otherwise)
@@ -247,6 +308,8 @@ def settle(st: dict) -> None:
             path = f"/lib/modules/{kr}/extra/nvidia/nvidia.ko"
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "a").close()
+        # Canonical's linux-modules-nvidia-* are signed with its key; a DKMS build is not
+        st["driver"]["signed"] = "dkms" not in name
         st["driver"]["installed"] = p["version"].split("-")[0]
         st["driver"]["packages"] = sorted(set(st["driver"]["packages"]) | {name})
 
@@ -280,15 +343,25 @@ def apt_get(args: list[str], st: dict) -> int:
         return 1
     verb, pkgs = words[0], words[1:]
     if verb in ("update",):
+        # apt-get update takes /var/lib/apt/lists/lock and does not wait for it
+        if apt_locked("/var/lib/apt/lists/lock", "apt-update-lists-lock-held.txt"):
+            return 100
         print("Reading package lists... Done")
         return 0
+    if verb in ("install", "reinstall", "remove", "purge"):
+        # the dpkg frontend lock: waited for as long as DPkg::Lock::Timeout says, else refused
+        deadline = time.time() + lock_timeout(args)
+        while lock_holder("/var/lib/dpkg/lock-frontend") is not None and time.time() < deadline:
+            time.sleep(0.2)
+        if apt_locked("/var/lib/dpkg/lock-frontend", "apt-get-install-frontend-lock-held.txt"):
+            return 100
     if verb in ("upgrade", "dist-upgrade", "autoremove", "clean", "autoclean", "check"):
         print("Reading package lists... Done\nBuilding dependency tree... Done\n"
               "Reading state information... Done")
         return 0
     if verb in ("install", "reinstall", "remove", "purge"):
         print("Reading package lists...\nBuilding dependency tree...\nReading state information...")
-        cat = {p.name: p for p in catalog()}
+        cat = {p.name: p for p in apt_catalog()}
         cat.update(listed(st, pkgs))
         wrong = [s for s in pkgs if "=" in s and apt_name(s) in cat
                  and cat[apt_name(s)].version != s.split("=", 1)[1]]
@@ -318,6 +391,78 @@ def apt_get(args: list[str], st: dict) -> int:
         return 0
     err(f"E: Invalid operation {verb}")
     return 100
+
+
+FLOCK = "hhqqi4x"  # struct flock on Linux (x86_64, aarch64): type, whence, start, len, pid
+
+
+def lock_holder(path: str) -> int | None:
+    """The process holding a write lock on ``path``, as apt asks the kernel (F_GETLK)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(FLOCK, fcntl.F_WRLCK, 0, 0, 0, 0))
+        kind, _, _, _, pid = struct.unpack(FLOCK, got)
+        return None if kind == fcntl.F_UNLCK else pid
+    finally:
+        os.close(fd)
+
+
+def apt_locked(lock: str, capture: str) -> bool:
+    """apt's refusal while another process holds ``lock``: the captured message, with this
+    holder's pid and name as apt fills them in."""
+    pid = lock_holder(lock)
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        name = "?"
+    text = re.sub(r"held by process \d+ \([^)]*\)", f"held by process {pid} ({name})",
+                  fixture(capture))
+    for line in text.splitlines():
+        print(line, file=sys.stdout if line.startswith("Reading") else sys.stderr)
+    return True
+
+
+def lock_timeout(args: list[str]) -> float:
+    """``-o DPkg::Lock::Timeout=N``: how long apt-get waits for the dpkg frontend lock."""
+    for a, b in zip(args, args[1:], strict=False):
+        if a == "-o" and b.lower().startswith("dpkg::lock::timeout="):
+            return float(b.split("=", 1)[1])
+    return 0.0
+
+
+def apt_cache(args: list[str], st: dict) -> int:
+    """``policy NAME...``: the installed and candidate versions apt 2.x prints for a name its
+    enabled repositories have, nothing on stdout for one they do not ("N: Unable to locate
+    package" on stderr, exit 0). ``madison NAME``: the captured listing a profile gives (the
+    fabric manager's builds in NVIDIA's repository)."""
+    words = apt_words(args)
+    verb, names = (words[0], words[1:]) if words else ("", [])
+    if verb == "madison":
+        for name in names:
+            listing = (st.get("fabric") or {}).get("madison", {}).get(name)
+            if listing:
+                print(fixture(listing), end="")
+        return 0
+    if verb != "policy":
+        print(f"sandbox: `apt-cache {' '.join(args)}` is not replayed", file=sys.stderr)
+        return 100
+    cat = {p.name: p for p in apt_catalog()}
+    db = installed(st)
+    for name in names:
+        p = cat.get(name)
+        if p is None:
+            err(f"N: Unable to locate package {name}")
+            continue
+        have = db.get(name, {}).get("version", "(none)")
+        print(f"{name}:\n  Installed: {have}\n  Candidate: {p.version}\n  Version table:\n"
+              f"     {p.version} 500")
+    return 0
 
 
 def listed(st: dict, specs: list[str]) -> dict[str, Pkg]:
@@ -375,7 +520,7 @@ def dpkg_query(args: list[str], st: dict) -> int:
 def apt_mark(args: list[str], st: dict) -> int:
     words = apt_words(args)
     verb, names = (words[0], words[1:]) if words else ("", [])
-    known = {p.name for p in catalog()} | set(installed(st))
+    known = {p.name for p in apt_catalog()} | set(installed(st))
     if verb in ("hold", "unhold"):
         missing = [n for n in names if n not in known]
         if missing or not names:
@@ -631,8 +776,24 @@ def yum(args: list[str], st: dict) -> int:
         commit(st, new)
         print("Installed:\n" + "".join(f"  {p.nvra()}\n" for p in new) + "\nComplete!")
         return 0
+    if verb == "list":
+        # `list [available] NAME`: what the enabled repositories (or the rpmdb) have of it
+        names = [n for n in rest if n not in ("available", "installed", "all")]
+        found = [p for n in names for p in avail if n in p.rpm_names()] + \
+            [n for n in names if n in db]
+        if not found:
+            err("Error: No matching Packages to list")
+            return 1
+        for p in found:
+            print(p if isinstance(p, str) else f"{p.name}.{p.arch}  {p.version}  {p.repo}")
+        return 0
     if verb == "module":
         sub = rest[:1]
+        if sub == ["reset"]:
+            for spec in rest[1:]:
+                st["pkgdb"].setdefault("modules", {}).pop(spec.partition(":")[0], None)
+            print("Dependencies resolved.\nNothing to do.\nComplete!")
+            return 0
         if sub != ["enable"]:
             print(f"No such command: module {' '.join(sub)}")
             return 1
@@ -645,15 +806,17 @@ def yum(args: list[str], st: dict) -> int:
                 err("Error: Problems in request:", f"missing groups or modules: {spec}")
                 return 1
             if streams.get(mod) not in (None, stream):
-                err(f"The operation would result in switching of module '{mod}' stream "
-                    f"'{streams[mod]}' to stream '{stream}'",
-                    "Error: It is not possible to switch enabled streams of a module unless "
-                    "explicitly enabled via configuration option module_stream_switch.")
+                text = fixture("dnf-module-enable-stream-switch.txt").replace(
+                    "'nodejs'", f"'{mod}'").replace("'8'", f"'{streams[mod]}'").replace(
+                    "'10'", f"'{stream}'")
+                sys.stderr.write(text)
                 return 1
             streams[mod] = stream
             print(f"Enabling module streams:\n {mod}  {stream}\n\nComplete!")
         return 0
     if verb == "config-manager":
+        if "--set-enabled" in args:  # CRB and the like: enabled, as on every EL host here
+            return 0
         if "--add-repo" not in rest and "--add-repo" not in args:
             return 0
         url = args[args.index("--add-repo") + 1]
@@ -668,17 +831,21 @@ def yum(args: list[str], st: dict) -> int:
         if sub == "add":
             locked = set(st.get("held", []))
             count = 0
-            for n in names:
-                p = db.get(n)
-                if p is None:
-                    print(f"No package found for: {n}" if flavor == "yum3" else
-                          f"Package {n} not installed.")
-                    continue
-                v, r = p["version"].split("-", 1)
-                print(f"Adding versionlock on: {p['epoch']}:{n}-{v}-{r}" if flavor == "yum3"
-                      else f"Adding versionlock on: {n}-{p['epoch']}:{v}-{r}.*")
-                locked.add(n)
-                count += 1
+            for pattern in names:
+                # a name or a glob over the installed packages' name and name-epoch:version
+                # (NVIDIA's guide locks a branch with `dnf versionlock \\*nvidia\\*580\\*`)
+                hits = [n for n, p in db.items() if fnmatch.fnmatchcase(n, pattern) or
+                        fnmatch.fnmatchcase(f"{n}-{p['epoch']}:{p['version']}.{p['arch']}", pattern)]
+                if not hits:
+                    print(f"No package found for: {pattern}" if flavor == "yum3" else
+                          f"Package {pattern} not installed.")
+                for n in sorted(hits):
+                    p = db[n]
+                    v, r = p["version"].split("-", 1)
+                    print(f"Adding versionlock on: {p['epoch']}:{n}-{v}-{r}" if flavor == "yum3"
+                          else f"Adding versionlock on: {n}-{p['epoch']}:{v}-{r}.*")
+                    locked.add(n)
+                    count += 1
             if flavor == "yum3":
                 print(f"versionlock added: {count}")
             st["held"] = sorted(locked)
@@ -907,6 +1074,11 @@ def modprobe(args: list[str], st: dict) -> int:
                 print("modprobe: ERROR: could not insert 'nvidia': No such device",
                       file=sys.stderr)
                 return 1
+            if st.get("secure_boot") == "enabled" and not drv.get("signed", True):
+                # the kernel enforces module signatures: a DKMS build signed with no key it
+                # trusts is refused, now and at every boot
+                sys.stderr.write(fixture("modprobe-nvidia-key-rejected.txt"))
+                return 1
             if drv["loaded"] and drv["loaded"] != drv["installed"]:
                 print("modprobe: ERROR: could not insert 'nvidia': module in use by the "
                       "running driver " + drv["loaded"], file=sys.stderr)
@@ -934,13 +1106,23 @@ def reboot(args: list[str], st: dict) -> int:
     return 0
 
 
+def mokutil(args: list[str], st: dict) -> int:
+    """``mokutil --sb-state``: the captured answer of a host with Secure Boot on."""
+    if "--sb-state" in args and st.get("secure_boot") == "enabled":
+        sys.stdout.write(fixture("mokutil-sb-state-enabled.txt"))
+        return 0
+    err("sandbox: only `mokutil --sb-state` on a Secure Boot host is replayed")
+    return 1
+
+
 def systemd_detect_virt(args: list[str], st: dict) -> int:
     print(st.get("virt", "none"))
     return 0 if st.get("virt", "none") != "none" else 1
 
 
 TOOLS = {"nvidia-smi": nvidia_smi, "lspci": lspci, "lsmod": lsmod, "modprobe": modprobe,
-         "apt-get": apt_get, "apt": apt_get, "ubuntu-drivers": ubuntu_drivers,
+         "apt-get": apt_get, "apt": apt_get, "apt-cache": apt_cache, "mokutil": mokutil,
+         "ubuntu-drivers": ubuntu_drivers,
          "dpkg-query": dpkg_query, "apt-mark": apt_mark, "yum": yum, "dnf": yum, "rpm": rpm,
          "reboot": reboot, "shutdown": reboot, "systemd-detect-virt": systemd_detect_virt,
          "uname": uname, "update-initramfs": initramfs, "dracut": initramfs}

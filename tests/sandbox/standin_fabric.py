@@ -1,8 +1,9 @@
 #!/usr/bin/python3 -I
 """Stand-ins for an NVSwitch board's fabric manager, which a sandbox host cannot run:
-``systemctl`` (the nvidia-fabricmanager unit), ``journalctl``, ``nv-fabricmanager`` and
-``apt-cache madison``. One multi-call script beside standin.py, sharing its state file and call
-log; each answer replays a captured real output (tests/fixtures/fabric, cited in SOURCES.md).
+``systemctl`` (the nvidia-fabricmanager unit), ``journalctl`` and ``nv-fabricmanager``
+(``apt-cache madison`` is standin.py's). One multi-call script beside standin.py, sharing its
+state file and call log; each answer replays a captured real output (tests/fixtures/fabric,
+cited in SOURCES.md).
 
 Which fabric manager is installed follows the package stand-ins' record of what was installed
 (apt-get installs the build asked for from the captured madison listing); the profile says what the
@@ -23,7 +24,7 @@ from typing import Any
 
 ROOT = "/var/lib/gpu-sandbox"
 UNIT = "nvidia-fabricmanager"
-TOOLS = ("systemctl", "journalctl", "nv-fabricmanager", "apt-cache")
+TOOLS = ("systemctl", "journalctl", "nv-fabricmanager")  # apt-cache: standin.py
 FM_PACKAGE = re.compile(r"^(?P<name>nvidia-fabric-?manager(?:-\d+)?)(?:[=-](?P<ver>\d+\.\d+(?:\.\d+)?)"
                         r"(?:-\S*)?)?$")
 
@@ -120,17 +121,6 @@ def nv_fabricmanager(args: list[str], st: dict[str, Any]) -> int:
     return 0
 
 
-def apt_cache(args: list[str], st: dict[str, Any]) -> int:
-    if args[:1] != ["madison"]:
-        print(f"sandbox: `apt-cache {' '.join(args)}` is not replayed", file=sys.stderr)
-        return 100
-    for name in args[1:]:
-        listing = st["fabric"].get("madison", {}).get(name)
-        if listing:
-            print(fixture(listing), end="")
-    return 0
-
-
 def main() -> int:
     sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
     from standin import State, log_call  # the shared state file and call log
@@ -140,8 +130,7 @@ def main() -> int:
     st = State()
     try:
         rc = {"systemctl": systemctl, "journalctl": journalctl,
-              "nv-fabricmanager": nv_fabricmanager, "apt-cache": apt_cache}[tool](sys.argv[1:],
-                                                                                   st.data)
+              "nv-fabricmanager": nv_fabricmanager}[tool](sys.argv[1:], st.data)
         st.save()
         return rc
     finally:

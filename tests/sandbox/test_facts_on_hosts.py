@@ -110,8 +110,9 @@ def decision(plan: dict[str, Any], step: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("profile,driver_action,torch", [
-    ("ubuntu-20.04-nodriver", "install branch 580 (open modules) with apt", "2.14.1+cu130"),
-    ("centos-7", "install branch 550 with yum/dnf", "2.6.0+cu124"),
+    # Ubuntu 20.04's archive ends at branch 550 (CUDA 12.4): the build for that
+    ("ubuntu-20.04-nodriver", "install branch 550 from Ubuntu's archive", "2.7.1+cu118"),
+    ("centos-7", "install branch 550 from ELRepo", "2.6.0+cu124"),
     ("rocky-9-h100", "none", "2.14.1+cu130"),
     ("debian-12", "none", "2.14.1+cu126"),
     ("ubuntu-22.04-rtx4090", "none", "2.7.1+cu118"),
@@ -137,7 +138,7 @@ def test_plan_centos7_limits(hosts: Hosts, gp_home: Path) -> None:
     conda = decision(p, "conda")
     assert "Miniconda3-py310_23.11.0-2-Linux-x86_64.sh" in conda["reason"]
     assert "glibc 2.17 is older than the 2.28 current installers need" in conda["reason"]
-    assert decision(p, "driver")["action"] == "install branch 550 with yum/dnf"
+    assert decision(p, "driver")["action"] == "install branch 550 from ELRepo"
 
 
 def test_plan_h200_torch_2_14(hosts: Hosts, gp_home: Path) -> None:
@@ -198,7 +199,7 @@ def host_files(info: Any) -> dict[str, tuple[int, int, int]]:
 
 @pytest.mark.parametrize("profile,change", [
     ("cpu-only", "install torch 2.13.0+cpu"),
-    ("ubuntu-20.04-nodriver", "install branch 580 (open modules) with apt"),
+    ("ubuntu-20.04-nodriver", "install branch 550"),
 ])
 def test_plan_text_changes_nothing(hosts: Hosts, gp_home: Path, profile: str, change: str) -> None:
     info = hosts.get(profile)

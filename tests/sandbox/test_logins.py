@@ -18,21 +18,21 @@ ROOT_TOOLS = ("apt-get", "apt-mark", "modprobe", "update-initramfs", "reboot")
 
 
 def test_a_sudo_login_installs_the_driver_through_sudo(hosts: Hosts, gp_home, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """`ubuntu` on a fresh VM with RTX 3090s and no driver: the plan says "(through sudo)", every
+    """`ubuntu` on a fresh VM with RTX 3090s and no driver (Ubuntu 22.04: the archive has 580): the plan says "(through sudo)", every
     package tool and the reboot run as root (uid 0), and the step's log, journal and result are
     the login's own files in its home."""
-    info = hosts.fresh("ubuntu-20.04-nodriver", ubuntu_drivers=None, reboot_delay=2, login=UBUNTU)
+    info = hosts.fresh("ubuntu-22.04-nodriver", ubuntu_drivers=None, reboot_delay=2, login=UBUNTU)
     try:
         f = facts_json(info, gp_home)
         assert (f["root"], f["sudo"], f["login"], f["home"]) == (False, True, "ubuntu",
                                                                  "/home/ubuntu")
         plan = gpu_provision("-H", info.inventory, "plan", home=gp_home, cwd=tmp_path)
         assert plan.returncode == 0, plan.stdout + plan.stderr
-        assert "install branch 580 (open modules) with apt (through sudo)" in plan.stdout
+        assert "install branch 580 (open modules) from Ubuntu's archive (through sudo)" in plan.stdout
         r = gpu_provision("-H", info.inventory, "driver", home=gp_home, cwd=tmp_path)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "driver 580.126.20 loaded (CUDA <= 13.0)" in r.stdout
-        assert "hold the driver packages (nvidia-driver-580-server-open) (through sudo)" in r.stdout
+        assert "hold the driver packages (every installed package of branch 580) (through sudo)" in r.stdout
         calls = [c for c in info.calls() if c["tool"] in ROOT_TOOLS]
         assert [c["tool"] for c in calls] == ["apt-get", "apt-get", "apt-get", "update-initramfs",
                                               "modprobe", "reboot", "apt-mark"]
@@ -52,7 +52,7 @@ def test_a_login_without_sudo_names_the_driver_step_and_runs_nothing_as_root(  #
     """`alice` (no sudoers entry) on the same kind of host: the plan names the driver step that
     cannot run and why; `driver` fails in one line naming host, step and fix; no package tool
     was run at all."""
-    info = hosts.fresh("ubuntu-20.04-nodriver", ubuntu_drivers=None, login=ALICE)
+    info = hosts.fresh("ubuntu-22.04-nodriver", ubuntu_drivers=None, login=ALICE)
     try:
         f = facts_json(info, gp_home)
         assert (f["root"], f["sudo"], f["sudo_said"]) == (False, False,
@@ -60,8 +60,8 @@ def test_a_login_without_sudo_names_the_driver_step_and_runs_nothing_as_root(  #
         plan = gpu_provision("-H", info.inventory, "plan", home=gp_home, cwd=tmp_path)
         assert plan.returncode == 0, plan.stdout + plan.stderr
         flat = " ".join(plan.stdout.split())
-        assert "cannot run: install branch 580 (open modules) with apt needs root, and the " \
-               "login alice is not root and has no passwordless sudo (sudo: a password is " \
+        assert "cannot run: install branch 580 (open modules) from Ubuntu's archive needs root, " \
+               "and the login alice is not root and has no passwordless sudo (sudo: a password is " \
                "required)" in flat.replace("│ ", "").replace(" │", ""), plan.stdout
         r = gpu_provision("-H", info.inventory, "driver", home=gp_home, cwd=tmp_path)
         assert r.returncode == 1, r.stdout + r.stderr

@@ -24,9 +24,9 @@ def test_apt_driver_install_needs_reboot_past_nouveau(hosts: Hosts) -> None:
         rc, out = ssh(info, "nvidia-smi")
         assert rc == 127 and "command not found" in out
         assert ssh(info, "uname -r") == (0, "5.4.0-216-generic\n")
-        rc, out = ssh(info, f"apt-get install -y {HEADERS} nvidia-driver-580-server-open")
+        rc, out = ssh(info, f"apt-get install -y {HEADERS} nvidia-driver-550-server")
         assert rc == 0, out
-        assert "Setting up nvidia-utils-580-server (580.126.20-0ubuntu0.20.04.1) ..." in out
+        assert "Setting up nvidia-utils-550-server (550.163.01-0ubuntu0.20.04.1) ..." in out
         rc, out = ssh(info, "nvidia-smi")
         assert rc == 9 and "couldn't communicate with the NVIDIA driver" in out
         rc, out = ssh(info, "modprobe nvidia")
@@ -49,17 +49,17 @@ def test_apt_driver_install_needs_reboot_past_nouveau(hosts: Hosts) -> None:
         assert ssh(info, "cat /proc/sys/kernel/random/boot_id")[1] != boot_before
         rc, out = ssh(info, "nvidia-smi --query-gpu=driver_version,name,compute_cap --format=csv,noheader")
         assert rc == 0
-        assert out.splitlines() == ["580.126.20, NVIDIA GeForce RTX 3090, 8.6"] * 2
+        assert out.splitlines() == ["550.163.01, NVIDIA GeForce RTX 3090, 8.6"] * 2
         rc, out = ssh(info, "nvidia-smi")
-        assert "Driver Version: 580.126.20" in out and "CUDA Version: 13.0" in out
+        assert "Driver Version: 550.163.01" in out and "CUDA Version: 12.4" in out
         lsmod = ssh(info, "lsmod")[1]
         assert "nvidia " in lsmod and "nouveau" not in lsmod
         assert "\tKernel driver in use: nvidia\n" in ssh(info, "lspci -nnk")[1]
-        assert ssh(info, "apt-mark hold nvidia-driver-580-server-open")[0] == 0
-        assert ssh(info, "apt-mark showhold")[1].split() == ["nvidia-driver-580-server-open"]
+        assert ssh(info, "apt-mark hold nvidia-driver-550-server")[0] == 0
+        assert ssh(info, "apt-mark showhold")[1].split() == ["nvidia-driver-550-server"]
 
         calls = [(c["tool"], c["argv"]) for c in info.calls()]
-        install = ("apt-get", ["install", "-y", HEADERS, "nvidia-driver-580-server-open"])
+        install = ("apt-get", ["install", "-y", HEADERS, "nvidia-driver-550-server"])
         assert install in calls and ("modprobe", ["nvidia"]) in calls
         assert calls.index(install) < calls.index(("reboot", []))
     finally:
@@ -86,12 +86,12 @@ def test_lspci_shows_no_driver_where_there_is_none(hosts: Hosts) -> None:
 def test_modprobe_loads_without_reboot_when_nothing_blocks(hosts: Hosts) -> None:
     info = hosts.fresh("ubuntu-20.04-nodriver", nouveau=False)
     try:
-        # nvidia-driver-570 is a transitional package on 20.04 now: it brings the 580 driver
-        rc, out = ssh(info, f"apt-get install -y {HEADERS} nvidia-driver-570")
+        # nvidia-driver-530 is a transitional package on 20.04: it brings the 535 driver
+        rc, out = ssh(info, f"apt-get install -y {HEADERS} nvidia-driver-530")
         assert rc == 0, out
-        assert "Setting up nvidia-driver-580 (580.142-0ubuntu0.20.04.1) ..." in out
+        assert "Setting up nvidia-driver-535 (535.247.01-0ubuntu0.20.04.1) ..." in out
         assert ssh(info, "modprobe nvidia")[0] == 0
-        assert info.state()["driver"]["loaded"] == "580.142"
+        assert info.state()["driver"]["loaded"] == "535.247.01"
     finally:
         harness.stop(info.id)
 
@@ -99,7 +99,7 @@ def test_modprobe_loads_without_reboot_when_nothing_blocks(hosts: Hosts) -> None
 def test_dkms_builds_nothing_without_the_kernel_headers(hosts: Hosts) -> None:
     info = hosts.fresh("ubuntu-20.04-nodriver", nouveau=False)
     try:
-        assert ssh(info, "apt-get install -y nvidia-driver-580-server-open")[0] == 0
+        assert ssh(info, "apt-get install -y nvidia-driver-550-server")[0] == 0
         rc, out = ssh(info, "modprobe nvidia")
         assert (rc, out) == (1, "modprobe: FATAL: Module nvidia not found in directory "
                                 "/lib/modules/5.4.0-216-generic\n")
@@ -111,10 +111,19 @@ def test_dkms_builds_nothing_without_the_kernel_headers(hosts: Hosts) -> None:
 
 def test_apt_knows_the_release_and_fails_like_apt(hosts: Hosts) -> None:
     info = hosts.get("ubuntu-20.04-nodriver")
-    rc, out = ssh(info, "apt-get install -y nvidia-driver-999-server nvidia-utils-580-server")
+    rc, out = ssh(info, "apt-get install -y nvidia-driver-999-server nvidia-utils-550-server")
     assert (rc, out.splitlines()[-1]) == (100, "E: Unable to locate package nvidia-driver-999-server")
-    assert ssh(info, "dpkg-query -W nvidia-utils-580-server") == (
-        1, "dpkg-query: no packages found matching nvidia-utils-580-server\n")  # nothing installed
+    # branch 580 is in jammy's archive and later, not in focal's (packages.ubuntu.com)
+    rc, out = ssh(info, "apt-get install -y nvidia-driver-580-server-open")
+    assert (rc, out.splitlines()[-1]) == (
+        100, "E: Unable to locate package nvidia-driver-580-server-open")
+    assert ssh(info, "apt-cache policy nvidia-driver-580-server-open") == (
+        0, "N: Unable to locate package nvidia-driver-580-server-open\n")
+    assert ssh(info, "apt-cache policy nvidia-driver-550-server")[1].splitlines()[:3] == [
+        "nvidia-driver-550-server:", "  Installed: (none)",
+        "  Candidate: 550.163.01-0ubuntu0.20.04.1"]
+    assert ssh(info, "dpkg-query -W nvidia-utils-550-server") == (
+        1, "dpkg-query: no packages found matching nvidia-utils-550-server\n")  # nothing installed
     assert ssh(info, "apt-get install -y linux-headers-6.8.0-31-generic")[0] == 100  # not 20.04's
     assert ssh(info, "apt-get frobnicate") == (100, "E: Invalid operation frobnicate\n")
     assert ssh(info, "apt-mark hold nvidia-driver-999") == (
@@ -125,17 +134,17 @@ def test_apt_knows_the_release_and_fails_like_apt(hosts: Hosts) -> None:
 def test_dpkg_query_honours_its_patterns(hosts: Hosts) -> None:
     info = hosts.fresh("ubuntu-20.04-nodriver")
     try:
-        assert ssh(info, "apt-get install -y nvidia-headless-no-dkms-580-server")[0] == 0
+        assert ssh(info, "apt-get install -y nvidia-headless-no-dkms-550-server")[0] == 0
         rc, out = ssh(info, "dpkg-query -W -f '${Package} ${Version}\\n' 'nvidia-driver-*' "
                             "'libnvidia-compute-*'")
-        assert (rc, out) == (1, "libnvidia-compute-580-server 580.126.20-0ubuntu0.20.04.1\n"
+        assert (rc, out) == (1, "libnvidia-compute-550-server 550.163.01-0ubuntu0.20.04.1\n"
                                 "dpkg-query: no packages found matching nvidia-driver-*\n")
         rc, out = ssh(info, "dpkg-query -W -f '${Package}\\n' 'nvidia-*'")
-        assert (rc, out.split()) == (0, ["nvidia-compute-utils-580-server",
-                                         "nvidia-firmware-580-server-580.126.20",
-                                         "nvidia-headless-no-dkms-580-server",
-                                         "nvidia-kernel-common-580-server",
-                                         "nvidia-kernel-source-580-server"])
+        assert (rc, out.split()) == (0, ["nvidia-compute-utils-550-server",
+                                         "nvidia-firmware-550-server-550.163.01",
+                                         "nvidia-headless-no-dkms-550-server",
+                                         "nvidia-kernel-common-550-server",
+                                         "nvidia-kernel-source-550-server"])
     finally:
         harness.stop(info.id)
 
@@ -149,19 +158,18 @@ def test_ubuntu_drivers_replays_its_capture_and_installs_as_it_does(hosts: Hosts
         # nothing of branch 580 for this GPU here: ubuntu-drivers says so, and exits 0
         rc, out = ssh(info, "ubuntu-drivers install --gpgpu nvidia:580-server-open")
         assert (rc, out) == (0, "No drivers found for installation.\n")
-        # a listed branch: its headless no-DKMS metapackage (transitional to 580 today), no
-        # kernel module package for this kernel, and no nvidia-smi
-        rc, out = ssh(info, "ubuntu-drivers install --gpgpu nvidia:570-server-open")
+        # a listed branch: its headless no-DKMS metapackage, no kernel module package for this
+        # kernel, and no nvidia-smi
+        rc, out = ssh(info, "ubuntu-drivers install --gpgpu nvidia:535-server-open")
         assert rc == 0
-        assert out.startswith("nvidia-headless-no-dkms-570-server-open\nNone\n")
+        assert out.startswith("nvidia-headless-no-dkms-535-server-open\nNone\n")
         calls = [(c["tool"], c["argv"]) for c in info.calls()]
         assert ("apt-get", ["install", "-o", "DPkg::options::=--force-confnew",
                             "--no-install-recommends", "-y",
-                            "nvidia-headless-no-dkms-570-server-open"]) in calls
+                            "nvidia-headless-no-dkms-535-server-open"]) in calls
         assert ssh(info, "command -v nvidia-smi")[0] == 1
         rc, out = ssh(info, "dpkg-query -W -f '${Package}\\n' 'nvidia-headless-*'")
-        assert out.split() == ["nvidia-headless-no-dkms-570-server-open",
-                               "nvidia-headless-no-dkms-580-server-open"]
+        assert out.split() == ["nvidia-headless-no-dkms-535-server-open"]
     finally:
         harness.stop(info.id)
 
@@ -243,7 +251,7 @@ def test_dnf_on_rocky_9(hosts: Hosts) -> None:
     ("gpu_lost", "nvidia-smi/fail-gpu-lost.txt", "none", "gpu-lost"),
     # the profile's lspci capture is empty and nvidia-smi sees no GPU: the model is unknown, so
     # the proprietary modules (the open ones need Turing or newer)
-    ("no_devices", "nvidia-smi/fail-no-devices-rtx5090.txt", "install branch 580 with apt",
+    ("no_devices", "nvidia-smi/fail-no-devices-rtx5090.txt", "install branch 580 from Ubuntu's archive",
      "no-devices"),
 ])
 def test_failure_states_reach_facts_plan_and_doctor(hosts: Hosts, gp_home: Path, failure: str,

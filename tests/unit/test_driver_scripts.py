@@ -1,8 +1,10 @@
 """The driver scripts as the product renders them (``provision.ops.driver.install_step`` and
-``hold_step`` over templates/setup/driver.sh.j2 and driver_hold.sh.j2), run by real bash with a PATH
-of recording stubs: the exact commands per distro family and per choice, the waits, the files
-they write. No root and no sshd: the absolute paths the scripts write are moved under a temporary
-root, and a script that would still touch one outside it is not run.
+``hold_step`` over templates/setup/driver.sh.j2 and driver_hold.sh.j2, for the driver
+``driver_pick.choose`` picks), run by real bash with a PATH of recording stubs: the exact
+commands per route and per choice, the refusals before anything is installed, the waits for
+the package manager's locks, the files they write. No root and no sshd: the absolute paths the
+scripts write are moved under a temporary root, and a script that would still touch one outside
+it is not run.
 
 Each stub appends its name and argv to a log and answers as the test sets it up; the tools that
 only compute (bash, sed, grep, seq, timeout) are the real ones, and sed edits a real copy of a
@@ -16,13 +18,15 @@ import re
 import shutil
 import subprocess
 import sys
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from provision.facts.host import HostFacts, parse_facts
+from provision.facts.osinfo import parse_os_release
 from provision.ops.driver import hold_step, install_step
+from provision.ops.driver_pick import Pick, choose
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="runs bash scripts and reads /proc")
 
@@ -30,10 +34,11 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SEP = "\x1f"
 # the tools a driver script may run that only compute: the real ones
 REAL = ("bash", "sed", "grep", "seq", "timeout", "cat", "cp", "mkdir", "rm", "mv", "readlink",
-        "sort")
+        "sort", "awk", "tr", "head", "basename", "printf", "tail", "lslocks")
 # where the scripts write: moved under the test's root
 WRITES = ("/etc/", "/var/")
-OUTSIDE = re.compile(r"(?<![\w./:$-])/(usr|lib|lib64|boot|run|opt|root|srv|home|sys|proc)/")
+# (/proc is only read: who holds a lock)
+OUTSIDE = re.compile(r"(?<![\w./:$-])/(usr|lib|lib64|boot|run|opt|root|srv|home|sys)/")
 
 UBUNTU_KERNEL = "5.4.0-216-generic"  # misc/uname-a-ubuntu20.04-5.4.0-216-vm.txt
 EL7_KERNEL = "3.10.0-1160.el7.x86_64"  # misc/uname-a-centos7.9-3.10.0-1160.txt
@@ -50,6 +55,15 @@ def facts(os_release: str) -> HostFacts:
 
 UBUNTU, DEBIAN = facts("ubuntu-20.04.1-rented-vm.txt"), facts("debian-12.txt")
 CENTOS7, ROCKY9 = facts("centos-7.txt"), facts("rocky-9.5.txt")
+UBUNTU24, RHEL7 = facts("ubuntu-24.04.txt"), facts("rhel-7.0.txt")
+ALMA10, RHEL9, OL = facts("almalinux-10.0.txt"), facts("rhel-9.6.txt"), facts("oracle-linux-7.5.txt")
+AMPERE, HOPPER, PASCAL, KEPLER = [(8, 6)], [(9, 0)], [(6, 1)], [(3, 7)]
+DEBIAN_KERNEL = "6.1.0-37-cloud-amd64"  # misc/uname-a-debian12-6.1.0-37-cloud.txt
+
+
+def step_for(f: HostFacts, caps: list[tuple[int, int]], **kw: object) -> str:
+    """The install body the plan would run: the driver choose() picks for these GPUs here."""
+    return install_step(f, choose(caps, f), "install", "why", **kw).body or ""  # type: ignore[arg-type]
 
 
 class Host:
@@ -97,106 +111,281 @@ class Host:
         return [r for r in rows if r[0] not in skip]
 
 
+
 def stubs(family: str, *, kernel: str, module_loads: bool = True, **extra: str) -> dict[str, str]:
     """The stubs a host of ``family`` has, answering as a host where the install works."""
     common = {
         "uname": f'[ "$1" = -r ] && echo {kernel}',
-        "cloud-init": "",
-        "fuser": "exit 1",  # nobody holds a lock
+        "cloud-init": 'echo "status: done"',
         "modprobe": "" if module_loads else "exit 1",
         "nvidia-smi": "" if module_loads else "exit 9",
     }
     per = {
-        "ubuntu": {"apt-get": "", "ubuntu-drivers": "", "update-initramfs": "", "dpkg-query": "",
+        "ubuntu": {"apt-get": "", "apt-cache": "", "update-initramfs": "", "dpkg-query": "",
                    "apt-mark": ""},
-        "debian": {"apt-get": "", "update-initramfs": "", "dpkg-query": "", "apt-mark": ""},
+        "debian": {"apt-get": "", "apt-cache": "", "update-initramfs": "", "dpkg-query": "",
+                   "apt-mark": ""},
         "el7": {"yum": "", "rpm": "", "dracut": ""},
-        "el9": {"dnf": "", "yum": "", "rpm": "", "dracut": ""},
+        "el9": {"dnf": "", "yum": "", "rpm": "", "dracut": "", "subscription-manager": "",
+                "arch": "echo x86_64"},
     }[family]
     return {**common, **per, **extra}
 
 
+def policy(candidates: dict[str, str]) -> str:
+    """An apt-cache stub answering `apt-cache policy NAME` as apt 2.x prints it: the candidate
+    version of a name the repositories have, "(none)" for one they know but cannot install,
+    nothing at all for a name no repository knows ("N: Unable to locate package" is apt's
+    stderr, and the exit status 0)."""
+    cases = "".join(f'  {name}) printf "%s:\\n  Installed: (none)\\n  Candidate: %s\\n" "$2" '
+                    f'{version};;\n' for name, version in candidates.items())
+    return (f'[ "$1" = policy ] || exit 0\ncase "$2" in\n{cases}'
+            '  *) echo "N: Unable to locate package $2" >&2;;\nesac\nexit 0')
+
+
 BLACKLIST = "blacklist nouveau\noptions nouveau modeset=0\n"
 APT = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
+TAIL_LOADED = [["update-initramfs", "-u"], ["modprobe", "nvidia"], ["nvidia-smi"]]
+FOCAL_550 = "550.163.01-0ubuntu0.20.04.1"
 
 
-def apt_prefix(kernel: str = UBUNTU_KERNEL) -> list[list[str]]:
-    return [["cloud-init", "status", "--wait"], [*APT, "update", "-q"],
-            [*APT, "install", "-y", "-q", f"linux-headers-{kernel}"]]
+def installs(host: Host) -> list[list[str]]:
+    """What the script asked the package tools to change, in order."""
+    return [c for c in host.calls() if c[0] in ("apt-get", "dnf", "yum", "rpm", "apt-mark",
+                                                 "subscription-manager")
+            and not (c[0] == "dnf" and c[1:3] == ["-q", "list"])
+            and not (c[0] == "yum" and c[1:3] == ["-q", "list"])]
 
 
-TAIL_LOADED = [["modprobe", "nvidia"], ["nvidia-smi"]]
+# --- Ubuntu: the release's branch, prebuilt signed modules first, DKMS otherwise -------------
 
 
-@pytest.mark.parametrize("branch,open_modules,package", [
-    (580, True, "nvidia-driver-580-server-open"),
-    (580, False, "nvidia-driver-580-server"),
-    (550, False, "nvidia-driver-550-server"),
-    (470, False, "nvidia-driver-470-server"),
-])
-def test_ubuntu_installs_the_branch_package_even_with_ubuntu_drivers(
-        tmp_path: Path, branch: int, open_modules: bool, package: str) -> None:
-    """ubuntu-drivers is there but not trusted: `install --gpgpu` exits 0 having installed
-    nothing, and its headless package has no nvidia-smi. The branch package brings both."""
-    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL))
-    r = host.run(install_step(UBUNTU, branch, open_modules, "install", "why").body or "")
+def test_ubuntu_2004_builds_branch_550_with_dkms(tmp_path: Path) -> None:
+    """Focal's archive has no prebuilt modules for this kernel here: the running kernel's
+    headers (and the flavour's, for the kernels updates bring), then nvidia-driver-550-server,
+    whose nvidia-dkms builds the module."""
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, **{"apt-cache": policy({
+        f"linux-headers-{UBUNTU_KERNEL}": "5.4.0-216.236",
+        "linux-headers-generic": "5.4.0.216.208"})}))
+    r = host.run(step_for(UBUNTU, AMPERE))
     assert r.returncode == 0, r.stderr
-    assert host.calls("uname") == [*apt_prefix(), [*APT, "install", "-y", "-q", package],
-                                   ["update-initramfs", "-u"], *TAIL_LOADED]
+    assert installs(host) == [
+        [*APT, "update", "-q"],
+        [*APT, "install", "-y", "-q", f"linux-headers-{UBUNTU_KERNEL}", "linux-headers-generic"],
+        [*APT, "install", "-y", "-q", "nvidia-driver-550-server"]]
+    assert f"no prebuilt modules for kernel {UBUNTU_KERNEL}" in r.stdout
     assert r.stdout.splitlines()[-1] == "DRIVER_LOADED"
     assert (host.root / "etc/modprobe.d/blacklist-nouveau.conf").read_text() == BLACKLIST
 
 
-@pytest.mark.parametrize("branch,open_modules,package", [
-    (580, True, "nvidia-driver-580-server-open"),
-    (580, False, "nvidia-driver-580-server"),
-    (470, False, "nvidia-driver-470-server"),
-])
-def test_ubuntu_without_ubuntu_drivers(tmp_path: Path, branch: int, open_modules: bool,
-                                       package: str) -> None:
-    s = stubs("ubuntu", kernel=UBUNTU_KERNEL, module_loads=False)
-    del s["ubuntu-drivers"]
-    host = Host(tmp_path, s)
-    r = host.run(install_step(UBUNTU, branch, open_modules, "install", "why").body or "")
+def test_ubuntu_prefers_canonicals_signed_prebuilt_modules(tmp_path: Path) -> None:
+    """The archive has linux-modules-nvidia for the running kernel: those (and the flavour's
+    metapackage), the driver's libraries without DKMS and nvidia-utils; no headers, no DKMS
+    package (its module would take precedence in updates/)."""
+    kernel = "6.8.0-45-generic"
+    host = Host(tmp_path, stubs("ubuntu", kernel=kernel, **{"apt-cache": policy({
+        f"linux-modules-nvidia-580-server-open-{kernel}": "6.8.0-45.45+1",
+        "linux-modules-nvidia-580-server-open-generic": "6.8.0-45.45+1"})}))
+    r = host.run(step_for(UBUNTU24, HOPPER))
     assert r.returncode == 0, r.stderr
-    assert host.calls("uname") == [*apt_prefix(), [*APT, "install", "-y", "-q", package],
-                                   ["update-initramfs", "-u"], ["modprobe", "nvidia"]]
+    assert installs(host) == [
+        [*APT, "update", "-q"],
+        [*APT, "install", "-y", "-q", f"linux-modules-nvidia-580-server-open-{kernel}",
+         "linux-modules-nvidia-580-server-open-generic", "nvidia-headless-no-dkms-580-server-open",
+         "nvidia-utils-580-server"]]
+    assert not [c for c in host.calls() if any("dkms" in a and "no-dkms" not in a for a in c)]
+
+
+def test_ubuntu_secure_boot_without_prebuilt_modules_is_refused_before_installing(
+        tmp_path: Path) -> None:
+    """Secure Boot on and no signed module package for this kernel: a DKMS build would be
+    rejected at load, so nothing is installed and no reboot is asked for."""
+    f = replace(UBUNTU, secure_boot=True)
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, **{"apt-cache": policy({
+        f"linux-headers-{UBUNTU_KERNEL}": "5.4.0-216.236"})}))
+    r = host.run(step_for(f, AMPERE))
+    assert r.returncode == 3
+    assert installs(host) == [[*APT, "update", "-q"]]
+    assert (f"Secure Boot is enabled and Ubuntu's archive has no signed prebuilt module package "
+            f"linux-modules-nvidia-550-server-{UBUNTU_KERNEL}") in r.stderr
+    assert not host.result.exists()
+
+
+@pytest.mark.parametrize("f,caps,kernel,candidates", [
+    (UBUNTU, AMPERE, UBUNTU_KERNEL, {}),
+    (DEBIAN, AMPERE, DEBIAN_KERNEL, {"nvidia-driver": "535.261.03-1"}),
+])
+def test_missing_headers_are_refused_before_installing(
+        tmp_path: Path, f: HostFacts, caps: list[tuple[int, int]], kernel: str,
+        candidates: dict[str, str]) -> None:
+    """An image older than its archive: no headers for the running kernel. DKMS could build
+    nothing and a reboot comes back to the same kernel: refused, with what to do."""
+    host = Host(tmp_path, stubs("ubuntu", kernel=kernel, **{"apt-cache": policy(candidates)}))
+    (host.root / "etc").mkdir(parents=True, exist_ok=True)
+    (host.root / "etc/os-release").write_text((FIXTURES / "os-release/debian-12.txt").read_text())
+    r = host.run(step_for(f, caps))
+    assert r.returncode == 3
+    assert f"the configured repositories have no linux-headers-{kernel}" in r.stderr
+    assert "a reboot would come back to the same kernel" in r.stderr
+    assert [c for c in installs(host) if "install" in c] == []
+
+
+@pytest.mark.parametrize("answer,code,words", [
+    ("modprobe: ERROR: could not insert 'nvidia': Key was rejected by service", 4,
+     "the kernel rejected the driver's module: Secure Boot is enabled"),
+    (f"modprobe: FATAL: Module nvidia not found in directory /lib/modules/{UBUNTU_KERNEL}", 5,
+     f"no nvidia module for the running kernel {UBUNTU_KERNEL}"),
+])
+def test_no_reboot_is_asked_where_none_can_help(tmp_path: Path, answer: str, code: int,
+                                                words: str) -> None:
+    """modprobe's own words decide: a rejected signing key, or no module built for the running
+    kernel, come back after a reboot; the step fails with what to do instead of rebooting."""
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, module_loads=False,
+                                modprobe=f'echo "{answer}" >&2; exit 1', **{
+                                    "apt-cache": policy({f"linux-headers-{UBUNTU_KERNEL}": "x"})}))
+    r = host.run(step_for(UBUNTU, AMPERE))
+    assert r.returncode == code
+    assert answer in r.stdout and words in r.stderr
+    assert "NEEDS_REBOOT" not in r.stdout and not host.result.exists()
+
+
+def test_nouveau_holding_the_gpu_asks_for_the_reboot(tmp_path: Path) -> None:
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, module_loads=False, modprobe=(
+        "echo \"modprobe: ERROR: could not insert 'nvidia': No such device\" >&2; exit 1"),
+        **{"apt-cache": policy({f"linux-headers-{UBUNTU_KERNEL}": "x"})}))
+    step = install_step(UBUNTU, choose(AMPERE, UBUNTU), "install", "why")
+    r = host.run(step.body or "")
+    assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "NEEDS_REBOOT (the module cannot be loaded until the next boot)"
-    assert (host.root / "etc/modprobe.d/blacklist-nouveau.conf").read_text() == BLACKLIST
+    assert step.read(json.loads(host.result.read_text())).reboot is True
 
 
-def test_debian_installs_its_one_driver_package(tmp_path: Path) -> None:
-    host = Host(tmp_path, stubs("debian", kernel="6.1.0-18-cloud-amd64"))
-    r = host.run(install_step(DEBIAN, 580, True, "install", "why").body or "")
+# --- Debian: non-free, non-free-firmware and contrib, enabled where the image has main only -----
+
+DEBIAN_SOURCES = "misc/debian12-debian.sources-main-only.txt"
+AREAS = "contrib non-free non-free-firmware"
+
+
+def debian_host(tmp_path: Path, **extra: str) -> Host:
+    """A Debian 12 host whose sources enable main only; apt-cache knows nvidia-driver once
+    non-free is in the sources (as apt knows what its enabled areas list)."""
+    sources = 'grep -q "non-free" "$ROOT/etc/apt/sources.list.d/debian.sources"'
+    cache = (f'[ "$1" = policy ] || exit 0\ncase "$2" in\n'
+             f'  nvidia-driver) {sources} && printf "nvidia-driver:\\n  Candidate: 535.261.03-1\\n";;\n'
+             f'  linux-headers-{DEBIAN_KERNEL}) printf "  Candidate: 6.1.140-1\\n";;\n'
+             f'  *) echo "N: Unable to locate package $2" >&2;;\nesac\nexit 0')
+    host = Host(tmp_path, stubs("debian", kernel=DEBIAN_KERNEL, **{"apt-cache": cache, **extra}))
+    (host.root / "etc/apt/sources.list.d").mkdir(parents=True, exist_ok=True)
+    shutil.copy(FIXTURES / DEBIAN_SOURCES, host.root / "etc/apt/sources.list.d/debian.sources")
+    (host.root / "etc/os-release").write_text((FIXTURES / "os-release/debian-12.txt").read_text())
+    return host
+
+
+def test_debian_enables_the_archive_areas_the_driver_is_in(tmp_path: Path) -> None:
+    host = debian_host(tmp_path)
+    r = host.run(step_for(DEBIAN, AMPERE))
     assert r.returncode == 0, r.stderr
-    assert host.calls("uname") == [*apt_prefix("6.1.0-18-cloud-amd64"),
-                                   [*APT, "install", "-y", "-q", "nvidia-driver"],
-                                   ["update-initramfs", "-u"], *TAIL_LOADED]
-    assert r.stdout.splitlines()[-1] == "DRIVER_LOADED"
+    assert f"no nvidia-driver in the configured repositories: enabling {AREAS} for bookworm" in r.stdout
+    sources = (host.root / "etc/apt/sources.list.d/debian.sources").read_text()
+    original = (FIXTURES / DEBIAN_SOURCES).read_text()
+    assert sources == original.replace("Components: main", f"Components: main {AREAS}")
+    assert (host.root / "var/backups/debian.sources.before-gpu-provision").read_text() == original
+    assert installs(host) == [
+        [*APT, "update", "-q"], [*APT, "update", "-q"],
+        [*APT, "install", "-y", "-q", f"linux-headers-{DEBIAN_KERNEL}"],
+        [*APT, "install", "-y", "-q", "nvidia-driver", "nvidia-kernel-dkms", "firmware-nvidia-gsp",
+         "nvidia-smi", "libcuda1"]]
+    # a second run finds them there and leaves the file as it is
+    host.run(step_for(DEBIAN, AMPERE))
+    assert (host.root / "etc/apt/sources.list.d/debian.sources").read_text() == sources
 
 
-def test_missing_headers_warn_and_go_on(tmp_path: Path) -> None:
-    """No linux-headers package for the running kernel (a custom or an old kernel): apt-get
-    fails as it does, the script says so and goes on to the driver."""
-    missing = (f'for a in "$@"; do [ "$a" = linux-headers-{UBUNTU_KERNEL} ] && '
-               f'{{ echo "E: Unable to locate package $a" >&2; exit 100; }}; done; exit 0')
-    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, **{"apt-get": missing}))
-    r = host.run(install_step(UBUNTU, 580, True, "install", "why").body or "")
+def test_debian_kepler_takes_the_tesla_470_driver(tmp_path: Path) -> None:
+    host = debian_host(tmp_path, **{"apt-cache": policy({
+        "nvidia-tesla-470-driver": "470.256.02-1~deb12u1",
+        f"linux-headers-{DEBIAN_KERNEL}": "6.1.140-1"})})
+    r = host.run(step_for(DEBIAN, KEPLER))
     assert r.returncode == 0, r.stderr
-    assert f"E: Unable to locate package linux-headers-{UBUNTU_KERNEL}" in r.stderr
-    assert f"warning: no linux-headers-{UBUNTU_KERNEL} package (DKMS may fail)" in r.stdout
-    assert host.calls("uname") == [*apt_prefix(),
-                                   [*APT, "install", "-y", "-q", "nvidia-driver-580-server-open"],
-                                   ["update-initramfs", "-u"], *TAIL_LOADED]
+    assert installs(host)[-1] == [*APT, "install", "-y", "-q", "nvidia-tesla-470-driver",
+                                  "nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-smi",
+                                  "libnvidia-tesla-470-cuda1"]
 
 
-def test_a_failing_driver_install_stops_the_script(tmp_path: Path) -> None:
-    fail = '[ "$3" = install ] && [ "$6" = nvidia-driver ] && { echo "E: boom" >&2; exit 100; }; exit 0'
-    host = Host(tmp_path, stubs("debian", kernel="6.1.0-18-cloud-amd64", **{"apt-get": fail}))
-    r = host.run(install_step(DEBIAN, 580, True, "install", "why").body or "")
-    assert r.returncode == 100
-    assert host.calls("uname")[-1] == [*APT, "install", "-y", "-q", "nvidia-driver"]
-    assert "DRIVER_LOADED" not in r.stdout and "NEEDS_REBOOT" not in r.stdout
+def test_debian_without_the_driver_even_then_is_refused(tmp_path: Path) -> None:
+    host = debian_host(tmp_path, **{"apt-cache": policy({})})
+    r = host.run(step_for(DEBIAN, AMPERE))
+    assert r.returncode == 3
+    assert "nvidia-driver is still not in the configured repositories after enabling" in r.stderr
+    assert [c for c in installs(host) if "install" in c] == []
+
+
+# --- Enterprise Linux: NVIDIA's repository, EPEL and CRB per distro -------------------------
+
+
+def test_rocky_9_resets_the_module_before_enabling_the_branchs_stream(tmp_path: Path) -> None:
+    host = Host(tmp_path, stubs("el9", kernel=EL9_KERNEL))
+    r = host.run(step_for(ROCKY9, HOPPER))
+    assert r.returncode == 0, r.stderr
+    assert installs(host) == [
+        ["dnf", "install", "-y", "dnf-plugins-core", "python3-dnf-plugin-versionlock"],
+        ["dnf", "config-manager", "--set-enabled", "crb"],
+        ["dnf", "install", "-y", "epel-release"],
+        ["dnf", "config-manager", "--add-repo",
+         "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/cuda-rhel9.repo"],
+        ["dnf", "install", "-y", f"kernel-devel-{EL9_KERNEL}", "kernel-headers", "dkms"],
+        ["dnf", "module", "reset", "-y", "nvidia-driver"],
+        ["dnf", "module", "enable", "-y", "nvidia-driver:580-open"],
+        ["dnf", "install", "-y", "nvidia-open"]]
+
+
+def test_rhel_on_grace_takes_epel_latest_crb_and_the_sbsa_repository(tmp_path: Path) -> None:
+    f = replace(RHEL9, arch="aarch64")
+    host = Host(tmp_path, stubs("el9", kernel="5.14.0-570.12.1.el9_6.aarch64", arch="echo aarch64"))
+    r = host.run(step_for(f, HOPPER))
+    assert r.returncode == 0, r.stderr
+    assert installs(host)[1:4] == [
+        ["subscription-manager", "repos", "--enable", "codeready-builder-for-rhel-9-aarch64-rpms"],
+        ["dnf", "install", "-y", "https://dl.fedoraproject.org/pub/epel/epel-release-latest-9.noarch.rpm"],
+        ["dnf", "config-manager", "--add-repo",
+         "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/sbsa/cuda-rhel9.repo"]]
+
+
+def test_oracle_linux_takes_its_own_epel_and_uek_headers(tmp_path: Path) -> None:
+    f = replace(OL, os=parse_os_release('ID="ol"\nVERSION_ID="9.6"\nID_LIKE="fedora"\n'))
+    kernel = "6.12.0-100.28.2.2.el9uek.x86_64"  # NVIDIA's Oracle Linux page names this UEK 8
+    host = Host(tmp_path, stubs("el9", kernel=kernel))
+    r = host.run(step_for(f, PASCAL))
+    assert r.returncode == 0, r.stderr
+    assert installs(host)[1:3] == [["dnf", "config-manager", "--set-enabled", "ol9_codeready_builder"],
+                                   ["dnf", "install", "-y", "oracle-epel-release-el9"]]
+    assert ["dnf", "install", "-y", f"kernel-uek-devel-{kernel}", "kernel-headers", "dkms"] in installs(host)
+    assert ["dnf", "module", "enable", "-y", "nvidia-driver:580-dkms"] in installs(host)
+    assert installs(host)[-1] == ["dnf", "install", "-y", "cuda-drivers"]
+
+
+def test_el10_locks_the_branch_without_module_streams(tmp_path: Path) -> None:
+    kernel = "6.12.0-55.9.1.el10_0.x86_64"  # misc/uname-a-alma10-6.12.0-55.9.1.txt
+    host = Host(tmp_path, stubs("el9", kernel=kernel))
+    r = host.run(step_for(ALMA10, HOPPER))
+    assert r.returncode == 0, r.stderr
+    assert not [c for c in host.calls() if c[:2] == ["dnf", "module"]]
+    assert installs(host)[-2:] == [["dnf", "versionlock", "add", "*nvidia*580*"],
+                                   ["dnf", "install", "-y", "nvidia-open"]]
+    assert ["dnf", "config-manager", "--add-repo", "https://developer.download.nvidia.com/"
+            "compute/cuda/repos/rhel10/x86_64/cuda-rhel10.repo"] in installs(host)
+
+
+def test_el_without_kernel_devel_for_the_running_kernel_is_refused(tmp_path: Path) -> None:
+    nomatch = (f'[ "$2 $3" = "list kernel-devel-{EL9_KERNEL}" ] && '
+               '{ echo "Error: No matching Packages to list" >&2; exit 1; }; exit 0')
+    host = Host(tmp_path, stubs("el9", kernel=EL9_KERNEL, dnf=nomatch))
+    r = host.run(step_for(ROCKY9, HOPPER))
+    assert r.returncode == 3
+    assert f"the configured repositories have no kernel-devel-{EL9_KERNEL}" in r.stderr
+    assert not [c for c in installs(host) if "nvidia-open" in c or "dkms" in c]
+
+
+# --- EL7: ELRepo's kmods; the CentOS vault only for CentOS ------------------------------------
 
 
 def centos_repo(host: Host) -> Path:
@@ -206,25 +395,22 @@ def centos_repo(host: Host) -> Path:
     return repo
 
 
-@pytest.mark.parametrize("branch,kmod,x11", [
-    (550, "kmod-nvidia", "nvidia-x11-drv"),
-    (580, "kmod-nvidia", "nvidia-x11-drv"),
-    (470, "kmod-nvidia-470xx", "nvidia-x11-drv-470xx"),
+@pytest.mark.parametrize("caps,kmod,x11", [
+    (AMPERE, "kmod-nvidia", "nvidia-x11-drv"),
+    (KEPLER, "kmod-nvidia-470xx", "nvidia-x11-drv-470xx"),
 ])
-def test_centos7_elrepo(tmp_path: Path, branch: int, kmod: str, x11: str) -> None:
+def test_centos7_elrepo(tmp_path: Path, caps: list[tuple[int, int]], kmod: str, x11: str) -> None:
     host = Host(tmp_path, stubs("el7", kernel=EL7_KERNEL))
     repo = centos_repo(host)
     original = repo.read_text()
-    r = host.run(install_step(CENTOS7, branch, False, "install", "why").body or "")
+    r = host.run(step_for(CENTOS7, caps))
     assert r.returncode == 0, r.stderr
-    assert host.calls("uname") == [
-        ["cloud-init", "status", "--wait"],
+    assert installs(host) == [
         ["rpm", "--import", "https://www.elrepo.org/RPM-GPG-KEY-elrepo.org"],
         ["yum", "install", "-y", "https://www.elrepo.org/elrepo-release-7.el7.elrepo.noarch.rpm",
          "yum-plugin-versionlock"],
-        ["yum", "install", "-y", kmod, x11],
-        ["dracut", "-f"], *TAIL_LOADED]
-    assert (host.root / "etc/modprobe.d/blacklist-nouveau.conf").read_text() == BLACKLIST
+        ["yum", "install", "-y", kmod, x11]]
+    assert ["yum", "-q", "list", "available", kmod] in host.calls()
     assert (repo.parent / "CentOS-Base.repo.bak").read_text() == original
 
 
@@ -233,7 +419,7 @@ def test_centos7_repos_move_to_the_vault(tmp_path: Path) -> None:
     baseurl on vault.centos.org/7.9.2009/<repo>/$basearch/, the vault's layout."""
     host = Host(tmp_path, stubs("el7", kernel=EL7_KERNEL))
     repo = centos_repo(host)
-    host.run(install_step(CENTOS7, 550, False, "install", "why").body or "")
+    host.run(step_for(CENTOS7, AMPERE))
     text = repo.read_text()
     assert not re.search(r"^mirrorlist=", text, re.M)
     assert re.findall(r"^baseurl=.*$", text, re.M) == [
@@ -245,184 +431,164 @@ def test_centos7_repos_move_to_the_vault(tmp_path: Path) -> None:
          if not ln.startswith(("mirrorlist=", "#baseurl="))]
 
 
-@pytest.mark.parametrize("open_modules,stream,package", [
-    (True, "nvidia-driver:580-open", "nvidia-open"),
-    (False, "nvidia-driver:580-dkms", "cuda-drivers"),
-])
-def test_el9_cuda_repo(tmp_path: Path, open_modules: bool, stream: str, package: str) -> None:
-    host = Host(tmp_path, stubs("el9", kernel=EL9_KERNEL, module_loads=False))
-    r = host.run(install_step(ROCKY9, 580, open_modules, "install", "why").body or "")
+def test_rhel7_gets_elrepos_550_and_no_vault(tmp_path: Path) -> None:
+    host = Host(tmp_path, stubs("el7", kernel=EL7_KERNEL))
+    repo = centos_repo(host)
+    r = host.run(step_for(RHEL7, AMPERE))
     assert r.returncode == 0, r.stderr
-    assert host.calls("uname") == [
-        ["cloud-init", "status", "--wait"],
-        ["dnf", "install", "-y", "epel-release", "dnf-plugins-core", "python3-dnf-plugin-versionlock"],
-        ["dnf", "config-manager", "--add-repo",
-         "https://developer.download.nvidia.com/compute/cuda/repos/rhel9/x86_64/cuda-rhel9.repo"],
-        ["dnf", "install", "-y", f"kernel-devel-{EL9_KERNEL}", "kernel-headers", "dkms"],
-        ["dnf", "module", "enable", "-y", stream],
-        ["dnf", "install", "-y", package],
-        ["dracut", "-f"], ["modprobe", "nvidia"]]
-    assert r.stdout.splitlines()[-1].startswith("NEEDS_REBOOT")
+    assert installs(host)[-1] == ["yum", "install", "-y", "kmod-nvidia", "nvidia-x11-drv"]
+    assert repo.read_text() == (FIXTURES / "misc/centos-7-CentOS-Base.repo").read_text()
 
 
-def test_el9_no_kernel_devel_warns_and_goes_on(tmp_path: Path) -> None:
-    nomatch = (f'[ "$3" = kernel-devel-{EL9_KERNEL} ] && {{ echo "No match for argument: $3"; '
-               f'echo "Error: Unable to find a match: $3" >&2; exit 1; }}; exit 0')
-    host = Host(tmp_path, stubs("el9", kernel=EL9_KERNEL, dnf=nomatch))
-    r = host.run(install_step(ROCKY9, 580, True, "install", "why").body or "")
-    assert r.returncode == 0, r.stderr
-    assert f"warning: no kernel-devel-{EL9_KERNEL}" in r.stdout
-    assert ["dnf", "install", "-y", "nvidia-open"] in host.calls()
+def test_an_elrepo_el7_tree_no_longer_served_is_refused(tmp_path: Path) -> None:
+    gone = ('[ "$1 $2 $3" = "-q list available" ] && '
+            '{ echo "Error: No matching Packages to list" >&2; exit 1; }; exit 0')
+    host = Host(tmp_path, stubs("el7", kernel=EL7_KERNEL, yum=gone))
+    centos_repo(host)
+    r = host.run(step_for(CENTOS7, AMPERE))
+    assert r.returncode == 3
+    assert "ELRepo's el7 repository (http://elrepo.org/linux/elrepo/el7/) did not offer kmod-nvidia" \
+        in r.stderr
+    assert ["yum", "install", "-y", "kmod-nvidia", "nvidia-x11-drv"] not in host.calls()
 
 
-def test_cloud_init_is_waited_for_only_where_it_exists(tmp_path: Path) -> None:
-    s = stubs("debian", kernel="6.1.0-18-cloud-amd64")
-    del s["cloud-init"]
-    host = Host(tmp_path, s)
-    r = host.run(install_step(DEBIAN, 580, True, "install", "why").body or "")
-    assert r.returncode == 0, r.stderr
-    assert "cloud-init" not in [c[0] for c in host.calls()]
+# --- the package manager's locks ---------------------------------------------------------------
 
 
-def test_a_held_dpkg_lock_is_waited_for(tmp_path: Path) -> None:
-    """A real process holds /var/lib/dpkg/lock-frontend open (as unattended-upgrades does on a
-    fresh rental). The script polls `fuser` every 5 s; here `sleep` is a stub that records the
-    wait and returns at once, and at its second call asks the holder to let go and waits until it
-    has closed the file: apt-get runs only after that, once `fuser` finds the lock free."""
-    lock = tmp_path / "root/var/lib/dpkg/lock-frontend"
-    let_go, gone = tmp_path / "let-go", tmp_path / "gone"
-    fuser = ('for d in /proc/[0-9]*/fd/*; do [ "$(readlink "$d" 2>/dev/null)" = "$1" ] && '
-             '{ echo "$1: ${d#/proc/}"; exit 0; }; done; exit 1')
-    sleep = (f'[ "$(grep -c "^sleep" "$STUB_LOG")" -ge 2 ] && [ ! -e {let_go} ] && '
-             f'{{ : > {let_go}; for _ in $(seq 1 2000); do [ -e {gone} ] && break; '
-             f'read -rt 0.01 <> <(:) || true; done; }}; exit 0')
-    host = Host(tmp_path, stubs("debian", kernel="6.1.0-18-cloud-amd64", fuser=fuser, sleep=sleep))
-    lock.touch()
+def hold_lock(path: Path, let_go: Path) -> subprocess.Popen[str]:
+    """A real process holding an fcntl lock on ``path`` (as apt-get and unattended-upgrade do),
+    until ``let_go`` exists."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
     holder = subprocess.Popen([sys.executable, "-c", f"""if True:
         import fcntl, os, time
-        f = open({str(lock)!r}, "w")
+        f = open({str(path)!r}, "w")
         fcntl.lockf(f, fcntl.LOCK_EX)
         print("held", flush=True)
         while not os.path.exists({str(let_go)!r}):
             time.sleep(0.01)
         f.close()
-        open({str(gone)!r}, "w").close()
         time.sleep(60)"""], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout and holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_apts_lists_lock_is_waited_for_naming_its_holder(tmp_path: Path) -> None:
+    """The daily apt job holds /var/lib/apt/lists/lock right after a boot: the script finds
+    the holder with lslocks (the real one, reading the kernel's lock table), says who it is,
+    and runs apt-get only once the lock is free. `sleep` is a stub: at its second call it lets
+    the holder go."""
+    lock, let_go = tmp_path / "root/var/lib/apt/lists/lock", tmp_path / "let-go"
+    sleep = f'[ "$(grep -c "^sleep" "$STUB_LOG")" -ge 2 ] && : > {let_go}; read -rt 0.2 <> <(:) || true'
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, sleep=sleep, **{
+        "apt-cache": policy({f"linux-headers-{UBUNTU_KERNEL}": "x"})}))
+    holder = hold_lock(lock, let_go)
     try:
-        assert holder.stdout and holder.stdout.readline() == "held\n"
-        started = time.monotonic()
-        r = host.run(install_step(DEBIAN, 580, True, "install", "why").body or "")
+        r = host.run(step_for(UBUNTU, AMPERE))
         assert r.returncode == 0, r.stderr
-        assert time.monotonic() - started < 30
-        assert holder.poll() is None  # it let go of the lock; it was not killed
     finally:
         holder.kill()
         holder.wait()
-    calls = [c[0] if c[0] != "sleep" else " ".join(c) for c in host.calls("uname")]
-    first_apt = calls.index("apt-get")
-    assert calls[:first_apt] == ["cloud-init", "fuser", "sleep 5", "fuser", "sleep 5", "fuser"]
-    assert r.stdout.count(f"waiting for the package manager lock ({lock})") == 2
-    assert gone.exists()
+    assert r.stdout.count(f"waiting for {lock}, held by process {holder.pid} ({sys.executable} -c") == 1
+    calls = [c[0] for c in host.calls("uname", "cloud-init")]
+    assert calls[:calls.index("apt-get")] == ["sleep", "sleep"]
 
 
-def dpkg_lists(*packages: str) -> str:
-    """A dpkg-query stub that, like dpkg-query -W, prints the installed ``packages`` matching its
-    patterns in package-name order (as dpkg-query 1.21 on Debian 12 does) and fails for a pattern
-    that matches none."""
-    names = " ".join(sorted(packages))
-    return ('pats=(); while [ $# -gt 0 ]; do case "$1" in -W) ;; -f) shift;; *) pats+=("$1");; '
-            f'esac; shift; done; rc=0; for n in {names}; do for p in "${{pats[@]}}"; do '
-            'case "$n" in $p) printf "%s\\n" "$n"; break;; esac; done; done; '
-            f'for p in "${{pats[@]}}"; do hit=0; for n in {names}; do case "$n" in $p) hit=1;; '
-            'esac; done; [ $hit = 1 ] || { echo "dpkg-query: no packages found matching $p" >&2; '
-            'rc=1; }; done; exit $rc')
+def test_a_lock_held_past_the_limit_fails_naming_the_holder(tmp_path: Path) -> None:
+    lock, let_go = tmp_path / "root/var/lib/dpkg/lock-frontend", tmp_path / "let-go"
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, sleep="read -rt 0.5 <> <(:) || true"))
+    holder = hold_lock(lock, let_go)
+    try:
+        r = host.run(step_for(UBUNTU, AMPERE, wait_limit=1))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.returncode == 75
+    assert (f"the package manager is still locked after 1s: {lock} is held by process "
+            f"{holder.pid} ({sys.executable} -c") in r.stderr
+    assert "apt-get" not in [c[0] for c in host.calls()]
 
 
-# what `apt-get install nvidia-driver-580-server-open` installs on Ubuntu 20.04 (its Depends in
-# tests/fixtures/packages/ubuntu-20.04.txt), and what ubuntu-drivers' gpgpu path installs
-FULL_580_OPEN = ("libnvidia-cfg1-580-server", "libnvidia-compute-580-server",
-                 "libnvidia-decode-580-server", "libnvidia-encode-580-server",
-                 "libnvidia-extra-580-server", "libnvidia-fbc1-580-server", "libnvidia-gl-580-server",
-                 "nvidia-compute-utils-580-server", "nvidia-dkms-580-server-open",
-                 "nvidia-driver-580-server-open", "nvidia-kernel-common-580-server",
-                 "nvidia-kernel-source-580-server-open", "nvidia-utils-580-server",
-                 "xserver-xorg-video-nvidia-580-server", "nvidia-firmware-580-server-580.126.20")
-HEADLESS_580_OPEN = ("libnvidia-cfg1-580-server", "libnvidia-compute-580-server",
-                     "nvidia-compute-utils-580-server", "nvidia-headless-no-dkms-580-server-open",
-                     "nvidia-kernel-common-580-server", "nvidia-kernel-source-580-server-open")
+# --- holds: every package of the branch, whatever its name --------------------------------
 
 
-@pytest.mark.parametrize("installed,held", [
-    (FULL_580_OPEN, ["libnvidia-compute-580-server", "nvidia-dkms-580-server-open",
-                     "nvidia-driver-580-server-open", "nvidia-kernel-common-580-server",
-                     "nvidia-kernel-source-580-server-open", "nvidia-utils-580-server"]),
-    (HEADLESS_580_OPEN, ["libnvidia-compute-580-server", "nvidia-kernel-common-580-server",
-                         "nvidia-kernel-source-580-server-open"]),
-    ((), ["nvidia-driver-580-server-open"]),  # nothing found: the package it installed
+def dpkg_lists(*rows: str) -> str:
+    """A dpkg-query stub answering `dpkg-query -W -f '${Package} ${Version}\\n'` with ``rows``
+    ("name version"), in package-name order as dpkg-query does."""
+    return "printf '%s\\n' " + " ".join(f"'{r}'" for r in sorted(rows))
+
+
+def test_apt_hold_takes_every_package_of_the_branch_by_version(tmp_path: Path) -> None:
+    """Ubuntu's names carry the branch, NVIDIA's repository's from 590 on do not, Debian's never
+    did: what the branch installed is what has the branch's version."""
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, **{"dpkg-query": dpkg_lists(
+        f"nvidia-driver-550-server {FOCAL_550}", f"libnvidia-compute-550-server {FOCAL_550}",
+        f"nvidia-firmware-550-server-550.163.01 {FOCAL_550}",
+        "linux-modules-nvidia-550-server-5.4.0-216-generic 5.4.0-216.236",
+        "libnvidia-compute-470 470.256.02-0ubuntu0.20.04.1", "bash 5.0-6ubuntu1.2")}))
+    r = host.run(hold_step(UBUNTU, 550).body or "")
+    assert r.returncode == 0, r.stderr
+    assert host.calls()[-1] == ["apt-mark", "hold", "libnvidia-compute-550-server",
+                                "nvidia-driver-550-server", "nvidia-firmware-550-server-550.163.01"]
+
+
+@pytest.mark.parametrize("rows,held", [
+    # NVIDIA's repository from 590 on (driver installation guide, "Ubuntu 590 and later packages")
+    (("libnvidia-compute 590.48.01-1ubuntu1", "nvidia-dkms-open 590.48.01-1ubuntu1",
+      "nvidia-driver-pinning-590 590-1", "nvidia-open 590.48.01-1ubuntu1"),
+     ["libnvidia-compute", "nvidia-dkms-open", "nvidia-open"]),
+    # Debian's names
+    (("libcuda1 535.261.03-1", "nvidia-driver 535.261.03-1", "nvidia-smi 535.261.03-1",
+      "firmware-nvidia-gsp 535.261.03-1", "libnvidia-ml1 535.261.03-1", "dkms 3.0.10-8+deb12u1"),
+     ["firmware-nvidia-gsp", "libcuda1", "libnvidia-ml1", "nvidia-driver", "nvidia-smi"]),
 ])
-def test_apt_hold(tmp_path: Path, installed: tuple[str, ...], held: list[str]) -> None:
+def test_apt_hold_follows_names_without_the_branch(tmp_path: Path, rows: tuple[str, ...],
+                                                   held: list[str]) -> None:
+    branch = int(rows[0].split()[1].split(".")[0])
+    host = Host(tmp_path, stubs("debian", kernel=DEBIAN_KERNEL,
+                                **{"dpkg-query": dpkg_lists(*rows)}))
+    r = host.run(hold_step(DEBIAN, branch).body or "")
+    assert r.returncode == 0, r.stderr
+    assert host.calls()[-1] == ["apt-mark", "hold", *held]
+
+
+def test_apt_hold_with_nothing_of_the_branch_fails(tmp_path: Path) -> None:
     host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL,
-                                **{"dpkg-query": dpkg_lists(*installed)}))
-    r = host.run(hold_step(UBUNTU, 580, True).body or "")
-    assert r.returncode == 0, r.stderr
-    assert host.calls() == [["dpkg-query", "-W", "-f", "${Package}\\n", "nvidia-*", "libnvidia-*"],
-                            ["apt-mark", "hold", *held]]
+                                **{"dpkg-query": dpkg_lists("bash 5.0-6ubuntu1.2")}))
+    r = host.run(hold_step(UBUNTU, 550).body or "")
+    assert r.returncode == 1 and "no installed package of driver branch 550 to hold" in r.stderr
+    assert "apt-mark" not in [c[0] for c in host.calls()]
 
 
-def test_debian_hold_falls_back_to_nvidia_driver(tmp_path: Path) -> None:
-    host = Host(tmp_path, stubs("debian", kernel="6.1.0-18-cloud-amd64",
-                                **{"dpkg-query": dpkg_lists("nvidia-driver", "nvidia-kernel-dkms",
-                                                            "libnvidia-ml1")}))
-    r = host.run(hold_step(DEBIAN, 580, True).body or "")
-    assert r.returncode == 0, r.stderr
-    assert host.calls()[-1] == ["apt-mark", "hold", "nvidia-driver"]
-
-
-@pytest.mark.parametrize("facts_,branch,open_modules,package,has_dnf", [
-    (CENTOS7, 550, False, "kmod-nvidia", False),
-    (CENTOS7, 470, False, "kmod-nvidia-470xx", False),
-    (ROCKY9, 580, True, "nvidia-open", True),
-    (ROCKY9, 580, False, "cuda-drivers", True),
+@pytest.mark.parametrize("facts_,fam,lock", [
+    (CENTOS7, "el7", ["yum", "versionlock", "add", "kmod-nvidia*", "nvidia-x11-drv*"]),
+    (ROCKY9, "el9", ["dnf", "versionlock", "add", "*nvidia*580*"]),
+    (ALMA10, "el9", ["dnf", "versionlock", "add", "*nvidia*580*"]),
 ])
-def test_el_versionlock(tmp_path: Path, facts_: HostFacts, branch: int, open_modules: bool,
-                        package: str, has_dnf: bool) -> None:
-    host = Host(tmp_path, stubs("el9" if has_dnf else "el7", kernel=EL9_KERNEL))
-    r = host.run(hold_step(facts_, branch, open_modules).body or "")
+def test_el_versionlock_covers_the_module_and_the_libraries(
+        tmp_path: Path, facts_: HostFacts, fam: str, lock: list[str]) -> None:
+    host = Host(tmp_path, stubs(fam, kernel=EL9_KERNEL))
+    r = host.run(hold_step(facts_, 580).body or "")
     assert r.returncode == 0, r.stderr
-    assert host.calls() == [["yum", "versionlock", "add", package]]
+    assert host.calls("cloud-init") == [lock]
 
 
 def test_el7_versionlock_without_the_plugin_fails(tmp_path: Path) -> None:
-    """yum 3 without yum-plugin-versionlock: 'No such command', and CentOS 7 has no dnf to fall
-    back to: the hold step fails rather than reporting a hold that is not there."""
+    """yum 3 without yum-plugin-versionlock: 'No such command': the hold step fails rather than
+    reporting a hold that is not there."""
     nocmd = 'echo "No such command: $1. Please use /usr/bin/yum --help"; exit 1'
     host = Host(tmp_path, stubs("el7", kernel=EL7_KERNEL, yum=nocmd))
-    r = host.run(hold_step(CENTOS7, 550, False).body or "")
-    assert r.returncode == 127
-    assert host.calls() == [["yum", "versionlock", "add", "kmod-nvidia"]]
-
-
-def test_every_family_ends_with_its_marker_line(tmp_path: Path) -> None:
-    for i, (f, fam) in enumerate(((UBUNTU, "ubuntu"), (DEBIAN, "debian"), (CENTOS7, "el7"),
-                                  (ROCKY9, "el9"))):
-        for loads, marker in ((True, "DRIVER_LOADED"), (False, "NEEDS_REBOOT (the module cannot "
-                                                               "be loaded until the next boot)")):
-            host = Host(tmp_path / f"{i}{loads}", stubs(fam, kernel=EL7_KERNEL, module_loads=loads))
-            if fam == "el7":
-                centos_repo(host)
-            step = install_step(f, 580, True, "install", "why")
-            r = host.run(step.body or "")
-            assert r.returncode == 0, (fam, r.stderr)
-            assert r.stdout.splitlines()[-1] == marker, fam
-            # what the engine reads: a reboot is asked for exactly when the module did not load
-            outcome = step.read(json.loads(host.result.read_text()))
-            assert outcome.reboot is not loads, fam
+    r = host.run(hold_step(CENTOS7, 550).body or "")
+    assert r.returncode == 1
 
 
 def test_the_scripts_name_no_other_system_path() -> None:
     """What Host.rooted moves is all the scripts write: any other absolute path in them fails
     here before a test would run it against this machine."""
-    for f, fam in ((UBUNTU, "apt"), (DEBIAN, "apt"), (CENTOS7, "el7"), (ROCKY9, "el")):
-        for body in (install_step(f, 580, True, "install", "why").body, hold_step(f, 580, True).body):
+    for f, caps in ((UBUNTU, AMPERE), (DEBIAN, AMPERE), (CENTOS7, KEPLER), (ROCKY9, HOPPER),
+                    (ALMA10, HOPPER)):
+        pick: Pick = choose(caps, f)
+        for body in (install_step(f, pick, "install", "why").body, hold_step(f, pick.branch).body):
             paths = set(re.findall(r"(?<![\w./:$-])(/[a-z][\w./*-]*)", body or ""))
-            assert {p for p in paths if not p.startswith(WRITES) and p != "/dev/null"} == set(), fam
+            assert {p for p in paths if not p.startswith((*WRITES, "/proc/")) and p != "/dev/null"} \
+                == set(), f.os.label

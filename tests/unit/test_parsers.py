@@ -367,6 +367,7 @@ LSPCI = [
      ["20b2"] * 8),
     ("lspci-nn-vm-1xa10-no-nvswitch.txt", ["GA102GL [A10]"], ["2236"]),
     ("lspci-PP-nn-hgx-b200-cx7-bridge.txt", ["Device"] * 8, ["2901"] * 8),
+    ("lspci-nn-grep-nvidia-k80.txt", ["GK210GL [Tesla K80]"], ["102d"]),
 ]
 
 

@@ -27,6 +27,7 @@ from provision.facts.osinfo import parse_os_release
 from provision.facts.pci import PciGpu
 from provision.facts.platform import Virtualization
 from provision.ops.driver import hold_step, install_step
+from provision.ops.driver_pick import choose
 from provision.remote.command import quote
 from provision.remote.runtime import detached_script, foreground_script, split_result
 from provision.remote.templating import render
@@ -73,17 +74,20 @@ def test_step_scripts_render_for_every_inventory(cpu_host: HostFacts, inventory:
         assert bash_ok(script), step.name
 
 
-@pytest.mark.parametrize("os_release,branch,open_modules", [
-    ("ID=ubuntu\nVERSION_ID=22.04\n", 580, True),
-    ("ID=debian\nVERSION_ID=12\n", 580, False),
-    ("ID=centos\nVERSION_ID=7\nID_LIKE=\"rhel fedora\"\n", 550, False),
-    ("ID=rocky\nVERSION_ID=9.5\nID_LIKE=\"rhel centos fedora\"\n", 580, True),
+@pytest.mark.parametrize("os_release,caps", [
+    ("ID=ubuntu\nVERSION_ID=20.04\n", [(8, 6)]),
+    ("ID=ubuntu\nVERSION_ID=22.04\n", [(9, 0)]),
+    ("ID=debian\nVERSION_ID=12\n", [(6, 1)]),
+    ("ID=debian\nVERSION_ID=12\n", [(3, 7)]),
+    ("ID=centos\nVERSION_ID=7\nID_LIKE=\"rhel fedora\"\n", [(3, 7)]),
+    ("ID=rocky\nVERSION_ID=9.5\nID_LIKE=\"rhel centos fedora\"\n", [(9, 0)]),
+    ("ID=almalinux\nVERSION_ID=10.0\nID_LIKE=\"rhel centos fedora\"\n", [(8, 9)]),
 ])
-def test_driver_scripts_render(cpu_host: HostFacts, os_release: str, branch: int,
-                               open_modules: bool) -> None:
+def test_driver_scripts_render(cpu_host: HostFacts, os_release: str,
+                               caps: list[tuple[int, int]]) -> None:
     facts = replace(cpu_host, os=parse_os_release(os_release))
-    for step in (install_step(facts, branch, open_modules, "install", "why"),
-                 hold_step(facts, branch, open_modules)):
+    pick = choose(caps, facts)
+    for step in (install_step(facts, pick, "install", "why"), hold_step(facts, pick.branch)):
         assert step.body and bash_ok(step.body)
 
 
@@ -96,6 +100,7 @@ def test_every_template_is_covered() -> None:
                        "setup/secrets_forget.sh.j2", "gpu/bench.sh.j2", "gpu/bench_gpu.py",
                        # the GPU payload (tests/unit/test_validate_measure.py runs it)
                        "gpu/_payload.sh.j2", "gpu/gpu_smi.py", "gpu/gpu_verdict.py", "gpu/gpu_verdict_multi.py", "gpu/nccl_check.py", "setup/_install.sh.j2",
+                       "setup/_pkg_wait.sh.j2", "setup/_el_repos.sh.j2", "setup/_debian_components.sh.j2",
                        # jobs (rendered and run in tests/unit/test_jobs_scripts.py)
                        "jobs/follow.sh.j2", "jobs/_jobs.sh.j2", "jobs/job_launch.sh.j2", "jobs/job_wrapper.sh.j2",
                        "jobs/job_kill.sh.j2", "jobs/job_where.sh.j2", "jobs/jobs_list.sh.j2",

@@ -1,0 +1,166 @@
+"""Which NVIDIA driver a host gets and from where, or why none: the release's archive (the table
+``provision/tables/driver.yaml``) x the GPUs' generations x Secure Boot. Pure: facts in, a
+``Pick`` out, or ``NoDriver`` with the reason and what to do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from ..errors import ProvisionError
+from ..facts.host import HostFacts
+
+TABLE = "provision/tables/driver.yaml"
+# Enterprise Linux and its rebuilds by os-release ID. Others of the yum family that call
+# themselves "like rhel" (Amazon Linux 2, Alibaba Cloud Linux, openEuler, TencentOS) number
+# their releases otherwise and are served by neither ELRepo nor NVIDIA's rhelN repositories.
+EL_IDS = ("rhel", "centos", "rocky", "almalinux", "ol")
+SOURCES = {"ubuntu": "Ubuntu's archive", "debian": "Debian's archive", "elrepo": "ELRepo",
+           "cuda-modules": "NVIDIA's CUDA repository", "cuda-versionlock": "NVIDIA's CUDA repository"}
+# Before R560 the proprietary modules are NVIDIA's default, from it the open ones (driver
+# installation guide, "Kernel Modules": "Starting in the 560 driver release series, the open
+# kernel module flavor is the default and suggested installation").
+OPEN_DEFAULT_FROM = 560
+
+
+class NoDriver(ProvisionError):
+    """No driver this tool can install drives these GPUs here: the reason and what to do."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    name: str
+    below: tuple[int, int] | None  # compute capabilities under this one belong to it
+    last: int | None  # the last branch that drives it
+    first: int  # the first branch that drives it
+    open: bool  # runs the open kernel modules
+    open_only: bool  # runs nothing else
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The driver to install: the branch, its module flavour and where it comes from."""
+
+    release: str  # the table's row: "ubuntu-22.04"
+    route: str  # ubuntu | debian | elrepo | cuda-modules | cuda-versionlock
+    branch: int
+    open: bool
+    version: str  # the branch's first release: what the wheel rule may count on before it runs
+    why: str  # the reason shown in the plan
+    signed_only: bool = False  # Secure Boot: only modules signed with a key the kernel trusts
+
+    @property
+    def source(self) -> str:
+        return SOURCES[self.route]
+
+
+@cache
+def table() -> dict[str, Any]:
+    text = resources.files("provision.tables").joinpath("driver.yaml").read_text()
+    data: dict[str, Any] = yaml.safe_load(text)
+    return data
+
+
+def _cc(text: str) -> tuple[int, int]:
+    major, _, minor = str(text).partition(".")
+    return int(major), int(minor or 0)
+
+
+@cache
+def generations() -> tuple[Generation, ...]:
+    return tuple(Generation(str(g["name"]), _cc(g["below"]) if "below" in g else None,
+                            g.get("last"), int(g.get("first", 0)), bool(g["open"]),
+                            bool(g.get("open_only", False)))
+                 for g in table()["generations"])
+
+
+def generation(cc: tuple[int, int]) -> Generation:
+    return next(g for g in generations() if g.below is None or cc < g.below)
+
+
+def release_key(facts: HostFacts) -> str | None:
+    """The table's row for this OS, None when there is none to look for."""
+    osr = facts.os
+    if osr.id == "ubuntu":
+        return f"ubuntu-{osr.version_id}"
+    if osr.id == "debian" and osr.major:
+        return f"debian-{osr.major}"
+    if osr.id in EL_IDS and osr.major:
+        return f"el-{osr.major}"
+    return None
+
+
+def choose(caps: list[tuple[int, int]], facts: HostFacts) -> Pick:
+    """The driver for these GPUs on this host, or NoDriver with the reason and what to do."""
+    key = release_key(facts)
+    rows: dict[str, Any] = table()["releases"]
+    if key is None or key not in rows:
+        raise NoDriver(f"{TABLE} has no driver route for {facts.os.label} (it has "
+                       f"{', '.join(rows)}): install the NVIDIA driver by hand, then run "
+                       "bootstrap again")
+    row: dict[str, Any] = rows[key]
+    route = str(row["route"])
+    source = SOURCES[route]
+    _refuse_host(facts, route, key)
+    gens = [generation(c) for c in caps]
+    names = " and ".join(sorted({g.name for g in gens}))
+    if any(g.open_only for g in gens) and not all(g.open for g in gens):
+        raise NoDriver(f"{names} GPUs in one host: Blackwell runs only the open kernel modules, "
+                       "which the older GPUs cannot run; no one driver serves them all")
+    branches = sorted(int(b) for b in row["branches"])
+    last = min((g.last for g in gens if g.last), default=None)
+    first = max((g.first for g in gens), default=0)
+    fits = [b for b in branches if b >= first and (last is None or b <= last)]
+    if not fits:
+        need = " and ".join(p for p in (f">= {first}" if first else "",
+                                          f"<= {last}" if last else "") if p)
+        raise NoDriver(f"{source} for {key} has driver branches {', '.join(map(str, branches))}, "
+                       f"and {names} needs a branch {need}: {row['otherwise']}")
+    prefer = int(table()["prefer"])
+    branch = prefer if prefer in fits else max((b for b in fits if b < prefer), default=min(fits))
+    open_ = bool(gens) and all(g.open for g in gens) and route != "elrepo" and (
+        branch >= OPEN_DEFAULT_FROM or any(g.open_only for g in gens))
+    flavour = "open" if open_ else "proprietary"
+    who = names + ": " if gens else "the GPU's model is unknown to the data: "
+    why = (f"{who}branch {branch} with the {flavour} kernel modules ({source} for {key} has "
+           f"{', '.join(map(str, branches))})")
+    signed = route == "ubuntu" and bool(facts.secure_boot)
+    if signed:
+        why += ("; Secure Boot is on: only Canonical's signed prebuilt modules load, and the "
+                "step stops before installing where the archive has none for this kernel")
+    return Pick(key, route, branch, open_, first_release(branch), why, signed)
+
+
+def _refuse_host(facts: HostFacts, route: str, key: str) -> None:
+    """Hosts a route cannot serve, whatever the GPU."""
+    if route == "elrepo" and facts.arch not in ("", "x86_64"):
+        raise NoDriver(f"ELRepo's el7 NVIDIA kmods are built for x86_64 only (nvidia-kmod.spec: "
+                       f"ExclusiveArch x86_64), not {facts.arch}: install the driver by hand")
+    if route == "elrepo" and "uek" in facts.kernel:
+        raise NoDriver(f"the running kernel {facts.kernel} is Oracle's UEK; ELRepo's kmod-nvidia "
+                       "is built for the Red Hat compatible kernel (3.10.0-1160.el7) and links "
+                       "only into kernels of its ABI: boot the Red Hat compatible kernel "
+                       "(grubby --set-default /boot/vmlinuz-3.10.0-*, then reboot) and run "
+                       "bootstrap again")
+    if facts.secure_boot and route != "ubuntu":
+        # DKMS builds (Debian, NVIDIA's repository) are signed with a key made on the host and
+        # ELRepo's kmods with ELRepo's: either loads only once its key is enrolled at the
+        # console, which a rented host rarely offers ("Key was rejected by service")
+        key_file = ("/etc/pki/elrepo/SECURE-BOOT-KEY-elrepo.org.der" if route == "elrepo"
+                    else "/var/lib/dkms/mok.pub")
+        raise NoDriver(
+            f"Secure Boot is enabled, and the driver module from {SOURCES[route]} for {key} is "
+            "not signed with a key this kernel trusts: it would not load (\"Key was rejected by "
+            "service\") and no reboot changes that. Turn Secure Boot off (on Azure Trusted "
+            "Launch or a GCP Shielded VM: the VM's security settings) and run bootstrap again; "
+            "or install the driver yourself and enrol its signing key (mokutil --import "
+            f"{key_file}, confirmed at the console on the next boot)")
+
+
+def first_release(branch: int) -> str:
+    """The branch's first release (the table's first_release)."""
+    return str(table()["first_release"][branch])
