@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
+from ..facts.fabric import fm_install_spec
 from ..wheels.data import cc_text, dotted, load_compat, parse_compute_cap
 from ..wheels.rule import first_build_with
 from .context import HostView
@@ -80,11 +81,11 @@ def fabric_manager(values: Values, h: HostView, text: str) -> dict[str, str]:
                               "(`nvidia-smi` shows it): Ubuntu `apt-get install "
                               "nvidia-fabricmanager-<branch>=<driver>-1` (from branch 580 the "
                               "package is `nvidia-fabricmanager=<driver>-1`), RHEL family `dnf "
-                              "install nvidia-fabric-manager-<driver>`"}
-    branch = driver.split(".")[0]
-    apt = (f"nvidia-fabricmanager={driver}-1" if branch.isdigit() and int(branch) >= 580
-           else f"nvidia-fabricmanager-{branch}={driver}-1")
-    dnf = f"nvidia-fabric-manager-{driver}"
+                              "install nvidia-fabric-manager-<driver>` (from branch 580 "
+                              "`nvidia-fabricmanager-<driver>`)"}
+    if not driver.split(".")[0].isdigit():
+        return {"fm_install": f"Install the fabric manager of exactly the driver's version ({driver})"}
+    apt, dnf = fm_install_spec("apt", driver), fm_install_spec("dnf", driver)
     if h.family == "apt":
         how = f"`{h.sudo}apt-get install {apt}`"
     elif h.family == "yum":

@@ -112,3 +112,25 @@ def fabric_ready(states: tuple[FabricState, ...]) -> bool | None:
     if not known:
         return None
     return all(s.state == "Completed" and s.status in (None, "Success") for s in known)
+
+
+def fm_packages(family: str, driver: str) -> list[str]:
+    """The fabric manager of ``driver``'s package names on a package family ("apt", else the
+    dnf/yum families), to try in this order. NVIDIA's CUDA repo (its gpu-driver-container install
+    scripts) and Ubuntu's archive: apt ``nvidia-fabricmanager-<branch>`` before R580,
+    ``nvidia-fabricmanager`` from R580 on; dnf/yum ``nvidia-fabric-manager`` before R580,
+    ``nvidia-fabricmanager`` from R580 on. The one place these names are spelled: the step that
+    installs it and doctor's fix both read them here."""
+    branch = int(driver.split(".")[0])
+    if family == "apt":
+        return ["nvidia-fabricmanager", f"nvidia-fabricmanager-{branch}"] if branch >= 580 \
+            else [f"nvidia-fabricmanager-{branch}"]
+    return ["nvidia-fabricmanager", "nvidia-fabric-manager"] if branch >= 580 \
+        else ["nvidia-fabric-manager", "nvidia-fabricmanager"]
+
+
+def fm_install_spec(family: str, driver: str) -> str:
+    """What a user installs for exactly ``driver``: ``nvidia-fabricmanager=580.65.06-1`` (apt),
+    ``nvidia-fabricmanager-580.65.06`` (dnf)."""
+    name = fm_packages(family, driver)[0]
+    return f"{name}={driver}-1" if family == "apt" else f"{name}-{driver}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..facts.fabric import fabric_ready, fabric_summary
+from ..facts.fabric import fabric_ready, fabric_summary, fm_packages
 from ..facts.host import HostFacts
 from ..remote.templating import render
 from .driver import family, wait_context
@@ -24,16 +24,6 @@ from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
 FABRIC_WAIT = 180  # seconds: the fabric takes about a minute to come up after the start
 ERR_802 = "until it runs, CUDA fails on every GPU with error 802 \"system not yet initialized\""
-
-
-def fm_packages(fam: str, driver: str) -> list[str]:
-    """Names to try, in order, for the fabric manager of ``driver`` on this package family."""
-    branch = int(driver.split(".")[0])
-    if fam == "apt":
-        return ["nvidia-fabricmanager", f"nvidia-fabricmanager-{branch}"] if branch >= 580 \
-            else [f"nvidia-fabricmanager-{branch}"]
-    return ["nvidia-fabricmanager", "nvidia-fabric-manager"] if branch >= 580 \
-        else ["nvidia-fabric-manager", "nvidia-fabricmanager"]
 
 
 def read_fabric(result: Any) -> Outcome:

@@ -234,12 +234,13 @@ def host(data_dir: str | None) -> dict[str, Any]:
             "memory_gb": round(min(mem, mem_limit) if mem_limit else mem, 1), "disks": disks}
 
 
-def _cgroup_limits():
+def _cgroup_limits() -> tuple[float | None, float | None]:
     """(memory limit GiB, CPU quota cores) of this process's cgroup, None where none is set:
     in a container /proc/meminfo and os.cpu_count() are the machine's, the cgroup is what a job
     gets (the facts read the same files: provision/facts/limits.py has the formats)."""
-    mems, cpus = [], []
-    cg, v1 = "", {}
+    mems: list[str | None] = []
+    cpus: list[float] = []
+    cg, v1 = "", {}  # type: str, dict[str, str]
     try:
         with open("/proc/self/cgroup") as f:
             for ln in f:  # "0::/path" (v2), "4:memory:/path", "2:cpu,cpuacct:/path" (v1)
@@ -258,14 +259,15 @@ def _cgroup_limits():
         mems.append(_cgroup_file(d + "/memory.limit_in_bytes"))
     for d in {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct",
               "/sys/fs/cgroup/cpu" + v1.get("cpu", "")}:
-        quota, period = _cgroup_file(d + "/cpu.cfs_quota_us") or "", _cgroup_file(d + "/cpu.cfs_period_us") or ""
+        quota = _cgroup_file(d + "/cpu.cfs_quota_us") or ""
+        period = _cgroup_file(d + "/cpu.cfs_period_us") or ""
         if quota.isdigit() and period.isdigit() and int(period):
             cpus.append(int(quota) / int(period))
     limits = [int(m) / 1024 ** 3 for m in mems if m and m.isdigit() and int(m) < 1 << 62]
     return (min(limits) if limits else None), (min(cpus) if cpus else None)
 
 
-def _cgroup_file(path):
+def _cgroup_file(path: str) -> str | None:
     try:
         with open(path) as f:
             return f.read().strip()

@@ -18,7 +18,8 @@ ROOT_TOOLS = ("apt-get", "apt-mark", "modprobe", "update-initramfs", "reboot")
 
 
 def test_a_sudo_login_installs_the_driver_through_sudo(hosts: Hosts, gp_home, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """`ubuntu` on a fresh VM with RTX 3090s and no driver (Ubuntu 22.04: the archive has 580): the plan says "(through sudo)", every
+    """`ubuntu` on a fresh Ubuntu 22.04 VM (its archive has 580) with RTX 3090s and no driver:
+    the plan says "(through sudo)", every
     package tool and the reboot run as root (uid 0), and the step's log, journal and result are
     the login's own files in its home."""
     info = hosts.fresh("ubuntu-22.04-nodriver", ubuntu_drivers=None, reboot_delay=2, login=UBUNTU)

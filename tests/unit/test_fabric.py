@@ -19,6 +19,8 @@ from provision.doctor.match import diagnose
 from provision.facts.fabric import (
     FabricManager,
     fabric_ready,
+    fm_install_spec,
+    fm_packages,
     nvlink5_board,
     parse_fabric_manager,
     parse_fabric_states,
@@ -27,7 +29,6 @@ from provision.facts.fabric import (
 )
 from provision.facts.host import HostFacts
 from provision.facts.pci import parse_lspci
-from provision.ops.fabric import fm_packages
 from provision.setup.plan import Plan, make_plan
 from tests.cases import captured
 
@@ -91,6 +92,21 @@ def test_fabric_manager_version_service_and_fabric_state() -> None:
 ])
 def test_package_names_follow_the_branch(fam: str, driver: str, names: list[str]) -> None:
     assert fm_packages(fam, driver) == names
+
+
+def test_doctor_advises_the_package_the_step_installs() -> None:
+    """One spelling: doctor's fix names the first package the fabric-manager step tries (on
+    the RHEL family from R580 on that is nvidia-fabricmanager, not nvidia-fabric-manager)."""
+    from provision.doctor.match import diagnose
+    from tests.cases import captured
+    assert fm_install_spec("dnf", "580.65.06") == "nvidia-fabricmanager-580.65.06"
+    assert fm_install_spec("apt", "550.90.07") == "nvidia-fabricmanager-550=550.90.07-1"
+    text = ("fabric manager NVIDIA GPU driver interface version 570.86.15 don't match with "
+            "driver version 580.65.06")
+    rocky = captured("rocky-9-h100")
+    [found] = [f for f in diagnose({"log": text}, rocky, host="box") if f.id == "fabric-manager-version"]
+    assert "nvidia-fabricmanager-580.65.06" in found.fix, found.fix
+    assert "nvidia-fabric-manager-580" not in found.fix
 
 
 def _board(base: str = "rocky-9-h100", fm: str = "", fabric: dict[str, object] | None = None,
