@@ -1,5 +1,5 @@
 """``python -m provision`` is the ``gpu-provision`` program."""
 
-from .cli.main import main
+from .cli.entry import main
 
 main()

@@ -71,7 +71,7 @@ def test_wheel_metadata_script_and_extras(wheel: zipfile.ZipFile) -> None:
     assert 'matplotlib>=3.8; extra == "chart"' in requires
     assert 'gpu-provision[chart,verify]; extra == "all"' in requires
     [entry_points] = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
-    assert "gpu-provision = provision.cli.main:main" in wheel.read(entry_points).decode()
+    assert "gpu-provision = provision.cli.entry:main" in wheel.read(entry_points).decode()
 
 
 def test_shipped_copies_match_the_checkout(wheel: zipfile.ZipFile) -> None:
