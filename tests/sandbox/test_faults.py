@@ -101,8 +101,9 @@ def test_full_disk_is_named_and_the_next_run_clears_the_half_install(
         r = gpu_provision("-H", info.inventory, "conda", home=gp_home, cwd=tmp_path)
         assert r.returncode == 1
         assert "step 'conda' failed" in r.stderr and "No space left on device" in r.stderr
-        assert "A step ran out of disk space. (seen: ERROR: Could not install packages due to an " \
-            "OSError: [Errno 28] No space left on device) Free space on the disk it wrote to" in r.stderr
+        assert "pip ran out of disk space" in r.stderr and "(seen: ERROR: Could not install " \
+            "packages due to an OSError: [Errno 28] No space left on device)" in r.stderr
+        assert "Free space on the disk the env is on" in r.stderr
         entry = journal(info)["conda"]
         assert entry["result"] == "failed"
         assert harness.in_host(info, "cat", "/root/.gpu-provision/conda.partial").stdout == \

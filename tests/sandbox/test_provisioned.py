@@ -76,7 +76,7 @@ def test_verify_validate_doctor_on_a_provisioned_host(hosts: Hosts, gp_home: Pat
         assert validated["verdict"] == validated["validation"]["verdict"] == "PASS"
         report = json.loads(sorted((tmp_path / "reports" / info.id).glob("validate-*.json"))[-1]
                             .read_text())
-        assert report["schema"] == 2 and report["mode"] == "cpu"
+        assert report["schema"] == 3 and report["mode"] == "cpu"
         assert report["measurements"]["cpu_gflops"] > 0
         assert {c["name"] for c in report["checks"]} >= {"torch import", "cpu matmul", "cuda build",
                                                          "cpu cores", "memory", "free disk /root"}
