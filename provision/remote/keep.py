@@ -197,6 +197,19 @@ def stop(path: str) -> bool:
     return True
 
 
+def _wait_gone(path: str, within: float) -> None:
+    """Until the keeper at ``path`` no longer answers (it was told to stop: its socket goes with
+    it), at most ``within`` seconds; a new keeper for the same identity binds the same path."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and os.path.exists(path):
+        try:
+            sock, _ = ask(path, {"op": "status"}, 1.0)
+        except Gone:
+            return
+        sock.close()
+        time.sleep(0.05)
+
+
 _EARLY: dict[str, tuple[subprocess.Popen[bytes], Any]] = {}  # identity -> (keeper, its lock)
 
 
@@ -265,7 +278,9 @@ def kept(target: Target, timeout: int, notify: Callable[[str], None] | None,
         return None
 
     def renew() -> str:
-        stop(relay.path)
+        old = relay.path
+        stop(old)
+        _wait_gone(old, min(float(timeout), 5.0))  # else start() finds the dying keeper again
         new = start()
         if new is None:
             raise paramiko.SSHException("the connection was lost and no new one could be made")
