@@ -20,8 +20,11 @@ from ..errors import ProvisionError, RemoteError
 from ..ui import console as output
 from .taskkit import take_command
 
+
 # the work is waiting on the network: threads are cheap, a second wave of hosts is not
-MAX_PARALLEL = int(os.environ.get("GPU_PROVISION_PARALLEL", "32"))
+def max_parallel() -> int:
+    """$GPU_PROVISION_PARALLEL, read when a run starts (a warm worker gets it then)."""
+    return int(os.environ.get("GPU_PROVISION_PARALLEL", "32"))
 
 
 class ParallelExecutor(Executor):  # type: ignore[misc]
@@ -58,7 +61,7 @@ class ParallelExecutor(Executor):  # type: ignore[misc]
             config.load_shell_env()
             jobs.append((call, call.make_context(config)))
         started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL, len(jobs)))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(max_parallel(), len(jobs)))) as pool:
             futures = [(call, ctx, pool.submit(_run, call, ctx)) for call, ctx in jobs]
             rows = [(ctx, f.result()) for _, ctx, f in futures]
         summary(rows, time.monotonic() - started)

@@ -27,7 +27,7 @@ from fabric import Connection
 from paramiko.hostkeys import HostKeys
 
 from ..config.shipped import state_dir
-from ..errors import SSHError
+from ..errors import ProvisionError, SSHError
 
 if TYPE_CHECKING:  # the inventory module is not loaded by a keeper (keeper.py), which starts fast
     from ..config.inventory import Target
@@ -47,7 +47,11 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 def default_timeout() -> int:
     """Seconds to wait for the SSH handshake: ``-t``, else ``$GPU_PROVISION_CONNECT_TIMEOUT``,
     else 15."""
-    return int(os.environ.get("GPU_PROVISION_CONNECT_TIMEOUT") or 15)
+    raw = (os.environ.get("GPU_PROVISION_CONNECT_TIMEOUT") or "15").strip()
+    if not raw.isdigit() or int(raw) == 0:
+        raise ProvisionError(f"$GPU_PROVISION_CONNECT_TIMEOUT={raw!r}: give whole seconds "
+                             "above 0, e.g. 30")
+    return int(raw)
 
 
 def known_hosts_path() -> Path:

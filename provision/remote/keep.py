@@ -29,7 +29,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,14 +41,13 @@ from paramiko.hostkeys import HostKeys
 
 from ..errors import ProvisionError, SSHError
 from .relay import Gone, RelayTransport, ask
+from .rundir import NAME_LEN, run_dir
 
 if TYPE_CHECKING:
     from ..config.inventory import Target
 
 DEFAULT_KEEP = 600
 MAX_KEEP = 86400
-SUN_PATH = 100  # bytes a socket path may take everywhere (macOS: 104 with the NUL)
-NAME_LEN = 20
 
 
 def keep_seconds(target: Target) -> int:
@@ -66,29 +64,6 @@ def keep_seconds(target: Target) -> int:
                                  f"{MAX_KEEP} (0: connect afresh for every command)")
         return value
     return DEFAULT_KEEP if target.keep is None else target.keep
-
-
-def run_dir() -> Path | None:
-    """The folder of our sockets: $GPU_PROVISION_RUN_DIR, else $XDG_RUNTIME_DIR/gpu-provision,
-    else /tmp/gpu-provision-UID; None when it is not ours alone or the paths would be too long."""
-    env = os.environ.get("GPU_PROVISION_RUN_DIR")
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if env:
-        path = Path(env)
-    elif xdg and Path(xdg).is_dir():
-        path = Path(xdg) / "gpu-provision"
-    else:
-        path = Path(tempfile.gettempdir()) / f"gpu-provision-{os.getuid()}"
-    if len(str(path).encode()) + 1 + NAME_LEN > SUN_PATH:
-        return None
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = path.stat()
-    except OSError:
-        return None
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None  # someone else's, or open to others: never put a socket there
-    return path
 
 
 def identity(target: Target, known_hosts: Path) -> str:
@@ -113,23 +88,6 @@ def pinned_key(target: Target, known_hosts: Path) -> str | None:
     if not found:
         return None
     return next(iter(found.values())).get_base64()
-
-
-def bind(path: str) -> socket.socket:
-    """A listening socket at ``path``, 0600 from the start (umask), replacing a stale one."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(64)
-    return sock
 
 
 class KeptConnection(Connection):  # type: ignore[misc]

@@ -277,7 +277,8 @@ class Login:
 def main() -> int:
     from ..errors import SSHError
     from .connection import connect
-    from .keep import bind, socket_for
+    from .keep import socket_for
+    from .rundir import bind
 
     if os.fork() > 0:  # detach before any thread exists: the command waits only for this exit
         os._exit(0)

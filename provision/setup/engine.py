@@ -34,7 +34,9 @@ from ..store import Store, run_id
 from ..ui import console as output
 from .plan import Plan
 
-REBOOT_TIMEOUT = int(os.environ.get("GPU_PROVISION_REBOOT_TIMEOUT", "900"))
+
+def reboot_timeout() -> int:
+    return int(os.environ.get("GPU_PROVISION_REBOOT_TIMEOUT", "900"))
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,8 @@ def reboot_and_wait(ex: Executor, old_boot_id: str, again: Reconnect,
                              "from the provider's console, then run bootstrap again")
     ex.conn.close()
     spent = ex.executions
-    deadline = time.monotonic() + REBOOT_TIMEOUT
+    waited = reboot_timeout()
+    deadline = time.monotonic() + waited
     delay = 2.0
     time.sleep(delay)
     while time.monotonic() < deadline:
@@ -110,7 +113,7 @@ def reboot_and_wait(ex: Executor, old_boot_id: str, again: Reconnect,
         time.sleep(delay)
         delay = min(delay * 2, 15)
     raise ProvisionError(f"{ex.host}: did not come back with a new boot id within "
-                         f"{REBOOT_TIMEOUT}s of the reboot")
+                         f"{waited}s of the reboot")
 
 
 def run_step(ex: Executor, step: Step, run: str, console: Console,

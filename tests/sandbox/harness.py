@@ -603,13 +603,19 @@ def stop_started() -> None:
 
 def keeper_dir() -> Path:
     """Where the program's kept connections of the tests live: under the sandbox dir, so that a
-    keeper left running is found like any other sandbox process (and stopped by stop_all)."""
-    return sandbox_dir() / "k"
+    keeper left running is found like any other sandbox process (and stopped by stop_all).
+    Ours alone (0700): the program uses no run dir that others can read, and a test's own run
+    dir made below it first would otherwise leave it 0755."""
+    d = sandbox_dir() / "k"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    d.chmod(0o700)
+    return d
 
 
-def keeper_pids(under: Path | None = None) -> list[int]:
+def keeper_pids(under: Path | None = None, program: str = "provision.remote.keeper"
+                ) -> list[int]:
     """Keeper processes (python -m provision.remote.keeper RUN_DIR) whose run dir is under
-    ``under`` (default: the sandbox dir)."""
+    ``under`` (default: the sandbox dir); with ``program``, another of ours (the warm server)."""
     base = str(under or sandbox_dir())
     found = []
     for d in Path("/proc").iterdir():
@@ -620,20 +626,27 @@ def keeper_pids(under: Path | None = None) -> list[int]:
         except OSError:
             continue
         args = [a.decode(errors="replace") for a in argv]
-        if "provision.remote.keeper" in args and any(a.startswith(base) for a in args):
+        if program in args and any(a.startswith(base) for a in args):
             found.append(int(d.name))
     return found
 
 
+WARM = "provision.cli.warm_server"
+
+
 def stop_keepers(under: Path | None = None) -> None:
-    """End the keepers the tests started (their idle time may not have run out yet)."""
-    for pid in keeper_pids(under):
+    """End the keepers and warm servers the tests started (their idle time may not have run
+    out yet)."""
+    def ours() -> list[int]:
+        return keeper_pids(under) + keeper_pids(under, WARM)
+
+    for pid in ours():
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + 5
-    while keeper_pids(under) and time.monotonic() < deadline:
+    while ours() and time.monotonic() < deadline:
         time.sleep(0.05)
 
 

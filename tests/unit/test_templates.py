@@ -274,7 +274,8 @@ def test_no_template_spells_the_state_folder() -> None:
     folder on the host: templates get it as ``host.state`` when rendered, and the GPU payloads
     are told their paths by the step that runs them."""
     spelled = re.compile(r"(?<![\w.])\.gpu-provision(?![\w-])")
-    offenders = [f"{d.name}/{p.name}:{n}" for d in templates_dir().iterdir() if d.is_dir()
+    offenders = [f"{d.name}/{p.name}:{n}" for d in templates_dir().iterdir()
+                 if d.is_dir() and d.name != "__pycache__"
                  for p in d.iterdir() if p.is_file()
                  for n, line in enumerate(p.read_text().splitlines(), 1) if spelled.search(line)]
     assert offenders == []
