@@ -1,5 +1,6 @@
 """The program's entry point: ``--version`` answers before anything else is imported (Invoke
-alone costs several times a bare interpreter's start), everything else goes to cli.main."""
+alone costs several times a bare interpreter's start); a command that a warm server can take
+goes there (``warm.py``); everything else goes to cli.main, here."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ import sys
 
 
 def main() -> None:
-    if sys.argv[1:] in (["--version"], ["-V"]):
+    argv = sys.argv[1:]
+    if argv in (["--version"], ["-V"]):
         from .. import __version__
         print(f"gpu-provision {__version__}")
         return
+    from . import warm
+    code = warm.run_warm(argv)
+    if code is not None:
+        sys.exit(code)
     from .main import main as run
-    run()
+    try:
+        run()
+    finally:
+        warm.start_server(argv)

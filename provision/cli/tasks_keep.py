@@ -28,6 +28,7 @@ def keepers(c: Context, stop: Any = None, json_: bool = False) -> None:
     """
     from ..remote import keep
     from ..remote.connection import known_hosts_path
+    from .warm import ask, servers
 
     found = keep.keepers()
     if has_host(c):
@@ -37,16 +38,22 @@ def keepers(c: Context, stop: Any = None, json_: bool = False) -> None:
     if isinstance(stop, str):
         found = [k for k in found if stop in (k.get("host"), k.get("address"))
                  or k.get("address", "").endswith(f"@{stop}")]
+    warm = [] if has_host(c) or isinstance(stop, str) else servers()
     if stop:
         for k in found:
             keep.stop(k["path"])
-        output.console.print(f"stopped {len(found)} kept connection(s)", markup=False)
+        for w in warm:
+            ask(str(w["path"]), "stop")
+        also = f" and {len(warm)} warm start(s)" if warm else ""
+        output.console.print(f"stopped {len(found)} kept connection(s){also}", markup=False)
         return
     rows = [{"host": k["host"], "address": k["address"], "age": k["now"] - k["started"],
              "idle": 0.0 if k["channels"] else k["now"] - k["last"], "channels": k["channels"],
              "keep": k["keep"], "pid": k["pid"]} for k in found]
     if json_:
-        output.print_json(rows)
+        output.print_json(rows + [{"warm_start": True, "age": w["now"] - w["started"],
+                                   "idle": w["now"] - w["last"], "served": w["served"],
+                                   "keep": w["keep"], "pid": w["pid"]} for w in warm])
         return
     if not rows:
         output.console.print("no kept connections", markup=False)
@@ -54,3 +61,7 @@ def keepers(c: Context, stop: Any = None, json_: bool = False) -> None:
         output.console.print(f"{r['host']} ({r['address']}): age {_ago(r['age'])}, idle "
                              f"{_ago(r['idle'])} of {_ago(r['keep'])}, {r['channels']} "
                              f"channel(s) open, pid {r['pid']}", markup=False)
+    for w in warm:  # the program itself, loaded and waiting for the next command (warm.py)
+        output.console.print(f"warm start: age {_ago(w['now'] - w['started'])}, idle "
+                             f"{_ago(w['now'] - w['last'])} of {_ago(w['keep'])}, served "
+                             f"{w['served']} command(s), pid {w['pid']}", markup=False)

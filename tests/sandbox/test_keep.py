@@ -59,10 +59,12 @@ class Kept:
         self.run_dir = harness.keeper_dir() / uuid.uuid4().hex[:8]  # short: a socket path
         self.env = {"GPU_PROVISION_KEEP": "120", "GPU_PROVISION_RUN_DIR": str(self.run_dir)}
 
-    def __call__(self, *args: str, keep: int | None = None,
-                 timeout: int = 120) -> subprocess.CompletedProcess[str]:
-        env = dict(self.env, **({"GPU_PROVISION_KEEP": str(keep)} if keep is not None else {}))
-        return gpu_provision(*args, home=self.home, env=env, timeout=timeout)
+    def __call__(self, *args: str, keep: int | None = None, timeout: int = 120,
+                 cwd: Path | None = None, extra: dict[str, str] | None = None
+                 ) -> subprocess.CompletedProcess[str]:
+        env = dict(self.env, **({"GPU_PROVISION_KEEP": str(keep)} if keep is not None else {}),
+                   **(extra or {}))
+        return gpu_provision(*args, home=self.home, env=env, timeout=timeout, cwd=cwd)
 
     def ok(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         r = self(*args, **kw)
@@ -71,7 +73,9 @@ class Kept:
         return r
 
     def listed(self) -> list[dict[str, Any]]:
-        return json.loads(self.ok("keepers", "--json").stdout)  # type: ignore[no-any-return]
+        """The kept connections (not the warm start: provision/cli/warm.py)."""
+        rows = json.loads(self.ok("keepers", "--json").stdout)
+        return [r for r in rows if not r.get("warm_start")]
 
     def pids(self) -> list[int]:
         return harness.keeper_pids(self.run_dir)
@@ -149,6 +153,9 @@ def test_a_keeper_ends_when_idle_for_its_keep_time(hosts: Hosts, kept: Kept) -> 
     ended = time.monotonic()
     harness.wait_until(lambda: not kept.pids(), "the keeper to end", timeout=30)
     assert time.monotonic() - ended < 10
+    # the warm start (provision/cli/warm.py) has the same idle time: it ends too
+    harness.wait_until(lambda: not harness.keeper_pids(kept.run_dir, harness.WARM),
+                       "the warm server to end", timeout=30)
     assert not [p for p in kept.run_dir.iterdir() if p.is_socket()]
     before = handshakes(info)
     kept.ok("-H", info.inventory, "facts", "--json", keep=3)

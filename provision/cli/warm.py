@@ -1,0 +1,196 @@
+"""The warm start, client side: a command is handed to a server of ours that has the whole
+program imported already (``warm_server.py``) and forks a worker for it, so that a command over a
+kept connection costs its round trip and its own work, not half a second of imports each time
+(Mercurial's chg does the same for hg).
+
+The worker is this command in all that a user can see: it gets our argv, working folder,
+environment and umask, and our stdin, stdout and stderr themselves (passed over the Unix socket,
+SCM_RIGHTS), so a terminal stays a terminal and a pipe a pipe; Ctrl-C and the other ending signals
+are passed on to it; its exit code is ours. When anything here fails the command runs in this
+process, as without a warm start: a warm start is never a new way to fail.
+
+It is on when connections are kept (not with --no-keep, --keep 0, $GPU_PROVISION_KEEP=0), for
+commands to hosts (-H), without Unix sockets or fork (Windows) never; ``shell`` and password
+prompts run here (they need this terminal as their controlling one). The server starts after a
+command that ran here, lives for the keep time since its last command, and its socket sits
+beside the keepers' (0600 in a 0700 folder of ours), named by a hash of the interpreter and of
+this copy of the program (every file's size and time): an upgrade or an edit never runs old code.
+
+Standard library only: this runs before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from ..remote.rundir import run_dir
+
+PREFIX = "w-"  # a warm server's socket name: w- and 17 hex digits (a keeper's is 20 hex digits)
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+INTERACTIVE = frozenset({"shell", "authorize"})  # tasks that need our terminal as their controlling one
+DEFAULT_IDLE = 600
+
+
+def idle_seconds() -> int | None:
+    """How long a warm server waits for the next command: the keep time of $GPU_PROVISION_KEEP,
+    else 10 minutes; None when keeping is off or the value is not whole seconds."""
+    raw = os.environ.get("GPU_PROVISION_KEEP", "").strip()
+    if not raw:
+        return DEFAULT_IDLE
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def wanted(argv: list[str]) -> bool:
+    """Whether this command line may be served warm (see the module's docstring)."""
+    if not (hasattr(os, "fork") and hasattr(socket, "AF_UNIX") and hasattr(socket, "send_fds")):
+        return False
+    if idle_seconds() is None:
+        return False
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    has_host = False
+    for i, w in enumerate(words):
+        if w in ("--no-keep", "--keep=0") or (w == "--keep" and words[i + 1:i + 2] == ["0"]):
+            return False
+        if w.startswith("--prompt") or w in INTERACTIVE:
+            return False
+        has_host = has_host or w in ("-H", "--hosts") or w.startswith(("-H", "--hosts="))
+    return has_host
+
+
+def code_key(root: Path | None = None) -> str:
+    """This interpreter and this copy of the program (``root``: its package folder), down to
+    each file's size and time."""
+    root = root or Path(__file__).resolve().parents[1]
+    h = hashlib.sha256(f"{os.getuid()} {sys.executable} {root} "
+                       f"{os.environ.get('PYTHONPATH', '')}".encode())
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            st = os.stat(os.path.join(folder, name))
+            h.update(f"{folder}/{name} {st.st_size} {st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def socket_path() -> str | None:
+    d = run_dir()
+    return None if d is None else str(d / f"{PREFIX}{code_key()[:17]}")
+
+
+def _message(argv: list[str]) -> bytes:
+    umask = os.umask(0)
+    os.umask(umask)
+    streams = (sys.stdin, sys.stdout, sys.stderr)
+    return json.dumps({"op": "run", "argv0": sys.argv[0], "argv": argv, "cwd": os.getcwd(),
+                       "env": dict(os.environ), "umask": umask,
+                       "encodings": [getattr(s, "encoding", None) for s in streams]}).encode()
+
+
+def send(sock: socket.socket, message: bytes, fds: list[int]) -> None:
+    """One request: its length with the file descriptors, then its body."""
+    socket.send_fds(sock, [struct.pack("!I", len(message))], fds)
+    sock.sendall(message)
+
+
+def run_warm(argv: list[str]) -> int | None:
+    """Run this command through the warm server and return its exit code; None when there is no
+    server to take it (the caller runs it here)."""
+    if not wanted(argv):
+        return None
+    path = socket_path()
+    if path is None:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        send(sock, _message(argv), [0, 1, 2])
+        reader = sock.makefile("rb")
+        first = reader.readline()
+    except OSError:  # none there, a stale socket, a closed stdin: run it here
+        sock.close()
+        return None
+    if not first.startswith(b"pid "):
+        sock.close()
+        return None  # the server is ending: run it here
+    worker = int(first.split()[1])
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        try:
+            os.kill(worker, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    last = reader.readline()
+    sock.close()
+    if last.startswith(b"exit "):
+        return int(last.split()[1])
+    # the worker ended without its exit code: killed (it says nothing more then)
+    print("gpu-provision: the command ended without an exit status (killed?)", file=sys.stderr)
+    return 1
+
+
+def start_server(argv: list[str]) -> None:
+    """After a command that ran here: start a warm server for the next one (it imports the
+    program in the background and ends by itself; one per socket: the others see its lock)."""
+    if not wanted(argv):
+        return
+    idle, path = idle_seconds(), socket_path()
+    if idle is None or path is None or os.path.exists(path):
+        return
+    root = str(Path(__file__).resolve().parents[2])
+    rest = os.environ.get("PYTHONPATH")
+    try:
+        subprocess.Popen([sys.executable, "-m", "provision.cli.warm_server", path, str(idle)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, cwd="/", start_new_session=True,
+                         env={**os.environ,
+                              "PYTHONPATH": f"{root}{os.pathsep}{rest}" if rest else root})
+    except OSError:
+        pass
+
+
+def ask(path: str, op: str, timeout: float = 5.0) -> dict[str, Any] | None:
+    """A warm server's answer to ``status`` or ``stop``; None when nobody answers."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        send(sock, json.dumps({"op": op}).encode(), [])
+        line = sock.makefile("rb").readline()
+        answer = json.loads(line) if line else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        sock.close()
+    return answer if isinstance(answer, dict) else None
+
+
+def servers() -> list[dict[str, Any]]:
+    """What each warm server of this user says about itself; stale sockets are removed."""
+    d = run_dir()
+    if d is None:
+        return []
+    found = []
+    for p in sorted(d.glob(f"{PREFIX}*")):
+        if not p.is_socket():
+            continue
+        answer = ask(str(p), "status")
+        if answer is None:
+            try:
+                p.unlink()
+            except OSError:
+                pass
+            continue
+        found.append({**answer, "path": str(p)})
+    return found

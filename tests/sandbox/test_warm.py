@@ -1,0 +1,134 @@
+"""The warm start (provision/cli/warm.py): with connections kept, a command to a host is served
+by a worker forked from a loaded copy of the program, and it is that command in all a user sees:
+output, errors, exit code, working folder, environment, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, Hosts
+from tests.sandbox import harness
+from tests.sandbox.test_keep import Kept
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture()
+def kept(gp_home: Path) -> Iterator[Kept]:
+    k = Kept(gp_home)
+    yield k
+    harness.stop_keepers(k.run_dir)
+    assert k.pids() == [] and warm_pids(k) == []
+
+
+def warm_pids(k: Kept) -> list[int]:
+    """The warm server and its workers (a worker is a fork: the same command line)."""
+    return harness.keeper_pids(k.run_dir, harness.WARM)
+
+
+def warm_rows(k: Kept) -> list[dict[str, Any]]:
+    rows = json.loads(k.ok("keepers", "--json").stdout)
+    return [r for r in rows if r.get("warm_start")]
+
+
+def served(k: Kept) -> int:
+    [row] = warm_rows(k)
+    return int(row["served"])
+
+
+def warmed(k: Kept, *args: str) -> None:
+    """Run a first command here; it leaves a warm server, which this waits for."""
+    k.ok(*args)
+    harness.wait_until(lambda: len(warm_pids(k)) == 1 and warm_rows(k), "the warm server")
+
+
+def popen(k: Kept, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, **k.env, "GPU_PROVISION_HOME": str(k.home), "COLUMNS": "200"}
+    return subprocess.Popen([sys.executable, "-m", "provision", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_warm_worker_is_the_command_itself(hosts: Hosts, kept: Kept, tmp_path: Path) -> None:
+    info = hosts.get("cpu-only")
+    warmed(kept, "-H", info.inventory, "jobs", "--json")
+    before = served(kept)
+    facts = json.loads(kept.ok("-H", info.inventory, "facts", "--json").stdout)
+    assert facts["hostname"] == info.id
+    assert served(kept) == before + 1  # that one was served warm
+
+    # the client's own folder: a relative inventory path is read from there
+    here = tmp_path / "project"
+    here.mkdir()
+    shutil.copy(info.inventory, here / "box.yaml")
+    r = kept("-H", "box.yaml", "jobs", "--json", cwd=here)
+    assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
+    # an error: its words on stderr, its exit code ours
+    r = kept("-H", str(here / "missing.yaml"), "jobs", cwd=here)
+    assert r.returncode == 1 and "missing.yaml: inventory file not found" in r.stderr
+    assert "Traceback" not in r.stderr
+    # the client's environment, read when the command runs (not when the server started)
+    r = kept("-H", "box.yaml", "jobs", cwd=here, extra={"GPU_PROVISION_CONNECT_TIMEOUT": "soon"})
+    assert r.returncode != 0 and "GPU_PROVISION_CONNECT_TIMEOUT" in r.stderr, r.stderr
+    assert served(kept) == before + 4
+    # off with --no-keep: runs here (and serves nothing warm)
+    kept.ok("-H", info.inventory, "--no-keep", "jobs", "--json")
+    assert served(kept) == before + 4
+
+
+def free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_ctrl_c_and_a_killed_client_end_their_worker(hosts: Hosts, kept: Kept) -> None:
+    info = hosts.get("cpu-only")
+    warmed(kept, "-H", info.inventory, "jobs", "--json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    forwarder = popen(kept, "-H", info.inventory, "forward", f"8999:{port}")
+    assert forwarder.stdout is not None
+    assert f"http://127.0.0.1:{port}" in forwarder.stdout.readline()
+    assert "forwarding until Ctrl-C" in forwarder.stdout.readline()
+    assert len(warm_pids(kept)) == 2 and not free(port)  # the worker holds the local port
+    forwarder.send_signal(signal.SIGINT)  # to our process: passed on to the worker
+    assert forwarder.wait(timeout=30) == 0
+    assert "stopped forwarding" in forwarder.stdout.read()
+    harness.wait_until(lambda: len(warm_pids(kept)) == 1 and free(port), "the worker to end",
+                       timeout=20)
+
+    killed = popen(kept, "-H", info.inventory, "forward", f"8999:{port}")
+    assert killed.stdout is not None and "http://" in killed.stdout.readline()
+    killed.kill()  # no chance to say anything: the worker notices its client is gone
+    killed.wait(timeout=10)
+    harness.wait_until(lambda: len(warm_pids(kept)) == 1 and free(port),
+                       "the orphan worker to end and let go of the port", timeout=20)
+
+
+def test_keepers_stop_ends_the_warm_start(hosts: Hosts, kept: Kept) -> None:
+    info = hosts.get("cpu-only")
+    warmed(kept, "-H", info.inventory, "jobs", "--json")
+    r = kept.ok("keepers", "--stop")
+    assert "1 warm start" in r.stdout
+    harness.wait_until(lambda: not warm_pids(kept), "the warm server to end", timeout=20)
+    assert warm_rows(kept) == []
+    start = time.monotonic()
+    kept.ok("-H", info.inventory, "jobs", "--json")  # runs here again, and warms up anew
+    assert time.monotonic() - start < 60
+    harness.wait_until(lambda: len(warm_pids(kept)) == 1, "a new warm server")
