@@ -174,8 +174,9 @@ def verify(c: Context, junit: str | None = None) -> None:
 
     target = target_of(c)
     path = Path(junit) if junit else Store().report_path(target.name, "verify", ext="xml")
-    # testinfra opens its channels on paramiko's own client: a connection of its own
-    conn = connect(target, notify=_notify, keep=False)
+    # every check's command goes through the executor (verify/conftest.py), and testinfra's
+    # paramiko client is the connection's own: a kept one serves it like any other command
+    conn = connect(target, notify=_notify)
     try:
         ex = Executor(conn, target.name, log_dir=Store().run_logs(target.name, run_id()))
         # what the suite checks against is written by bootstrap's validation: without it every
