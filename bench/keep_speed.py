@@ -8,7 +8,9 @@ For each RTT, rounds of (interleaved, so the machine's load weighs on each the s
 - the first command: `facts --json` with no keeper (it starts one and is served by it);
 - `facts --json --no-keep` (a fresh paramiko connection, as before keepers);
 - with the keeper warm: `facts --json`, `jobs --json`, a no-op `bootstrap`, `watch --once
-  --json`, `cost --json`, `logs JOB`;
+  --json`, `cost --json`, `logs JOB`, each served by the warm start (provision/cli/warm.py:
+  the program loaded once, a worker forked per command); and `facts --json`, `jobs --json`
+  with the warm start off ($GPU_PROVISION_WARM=0: the program loads in each command);
 - the link alone: connect, run `true`, close, timed inside one process (no start-up), fresh and
   through a warm keeper.
 Then, at --many-rtt, `facts` on 16 hosts (each behind its own proxy) with their keepers warm,
@@ -79,14 +81,21 @@ def keep_link(info: harness.HostInfo, rtt: int, runs: int, gp: str, ssh_argv: li
         times: dict[str, list[float]] = {"ssh true": [], "first facts (starts the keeper)": [],
                                          "facts --no-keep": []}
         times |= {f"{k} (kept)": [] for k in warm}
+        cold = {"facts --json (kept, warm start off)": ["facts", "--json"],
+                "jobs --json (kept, warm start off)": ["jobs", "--json"]}
+        times |= {k: [] for k in cold}
         for _ in range(runs):
             times["ssh true"].append(timed([*ssh, "true"]))
             harness.stop_keepers(work / "k")
             times["first facts (starts the keeper)"].append(timed([*host, "facts", "--json"],
                                                                   env=kept))
             times["facts --no-keep"].append(timed([*host, "facts", "--json"], env=fresh))
+            harness.wait_until(lambda: list((work / "k").glob("w-*")), "the warm start",
+                               timeout=30)
             for name, argv in warm.items():
                 times[f"{name} (kept)"].append(timed([*host, *argv], env=kept))
+            for name, argv in cold.items():
+                times[name].append(timed([*host, *argv], env={**kept, "GPU_PROVISION_WARM": "0"}))
         out = {k: statistics.median(v) for k, v in times.items()}
         out["link only, fresh (in one process)"] = link_only(inv, runs, fresh, work)
         out["link only, kept (in one process)"] = link_only(inv, runs, kept, work)

@@ -9,9 +9,10 @@ SCM_RIGHTS), so a terminal stays a terminal and a pipe a pipe; Ctrl-C and the ot
 are passed on to it; its exit code is ours. When anything here fails the command runs in this
 process, as without a warm start: a warm start is never a new way to fail.
 
-It is on when connections are kept (not with --no-keep, --keep 0, $GPU_PROVISION_KEEP=0), for
-commands to hosts (-H), without Unix sockets or fork (Windows) never; ``shell`` and password
-prompts run here (they need this terminal as their controlling one). The server starts after a
+It is on when connections are kept (not with --no-keep, --keep 0, $GPU_PROVISION_KEEP=0;
+$GPU_PROVISION_WARM=0 turns off this part alone), for commands to hosts (-H); without Unix
+sockets or fork (Windows) never; ``shell`` and password prompts run here (they need this
+terminal as their controlling one). The server starts after a
 command that ran here, lives for the keep time since its last command, and its socket sits
 beside the keepers' (0600 in a 0700 folder of ours), named by a hash of the interpreter and of
 this copy of the program (every file's size and time): an upgrade or an edit never runs old code.
@@ -54,7 +55,7 @@ def wanted(argv: list[str]) -> bool:
     """Whether this command line may be served warm (see the module's docstring)."""
     if not (hasattr(os, "fork") and hasattr(socket, "AF_UNIX") and hasattr(socket, "send_fds")):
         return False
-    if idle_seconds() is None:
+    if idle_seconds() is None or os.environ.get("GPU_PROVISION_WARM", "").strip() == "0":
         return False
     words = argv[:argv.index("--")] if "--" in argv else argv
     has_host = False

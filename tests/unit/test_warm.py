@@ -35,6 +35,8 @@ def test_keeping_off_means_no_warm_start(keep: str, idle: int | None,
     monkeypatch.setenv("GPU_PROVISION_KEEP", keep)
     assert warm.idle_seconds() == idle
     assert warm.wanted(["-H", "box.yaml", "jobs"]) is (idle is not None)
+    monkeypatch.setenv("GPU_PROVISION_WARM", "0")  # connections kept, the program not
+    assert warm.wanted(["-H", "box.yaml", "jobs"]) is False
 
 
 def test_an_edited_or_upgraded_program_gets_another_server(tmp_path: Path) -> None:
