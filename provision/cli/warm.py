@@ -130,8 +130,24 @@ def run_warm(argv: list[str]) -> int | None:
         except ProcessLookupError:
             pass
 
+    def suspend(_signum: int, _frame: FrameType | None) -> None:
+        """Ctrl-Z: the worker stops with us (it is not in the terminal's foreground group, so
+        the terminal's SIGTSTP never reaches it), and goes on when we are resumed."""
+        try:
+            os.kill(worker, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until `fg` or `bg`
+        signal.signal(signal.SIGTSTP, suspend)
+        try:
+            os.kill(worker, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    signal.signal(signal.SIGTSTP, suspend)
     last = reader.readline()
     sock.close()
     if last.startswith(b"exit "):

@@ -164,6 +164,10 @@ class Keeper:
         try:
             try:
                 chan = self._open(header)
+            except paramiko.ChannelException as exc:  # the host said no: the link is fine
+                client.sendall(json.dumps({"ok": False, "lost": False, "code": exc.code,
+                                           "error": exc.text}).encode() + b"\n")
+                return
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 lost = not self.transport.is_active() or isinstance(exc, (EOFError, OSError))
                 client.sendall(json.dumps({"ok": False, "lost": lost, "error": str(exc)}).encode()

@@ -137,6 +137,8 @@ class RelayTransport:
                 return sock
             if sock is not None:
                 sock.close()
+            if isinstance(answer.get("code"), int):  # the host refused this channel alone
+                raise paramiko.ChannelException(answer["code"], str(answer.get("error") or ""))
             if not answer.get("lost") or attempt == 2:
                 raise paramiko.SSHException(str(answer.get("error") or "refused by the host"))
             self.path = self.renew()

@@ -87,6 +87,16 @@ def test_a_warm_worker_is_the_command_itself(hosts: Hosts, kept: Kept, tmp_path:
     assert served(kept) == before + 4
 
 
+def server(k: Kept) -> int:
+    [row] = warm_rows(k)
+    return int(row["pid"])
+
+
+def state(pid: int) -> str:
+    """A process's state letter (/proc/PID/stat): R running, S sleeping, T stopped."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def free(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -106,7 +116,14 @@ def test_ctrl_c_and_a_killed_client_end_their_worker(hosts: Hosts, kept: Kept) -
     assert forwarder.stdout is not None
     assert f"http://127.0.0.1:{port}" in forwarder.stdout.readline()
     assert "forwarding until Ctrl-C" in forwarder.stdout.readline()
+    # the host refusing the tunnel (nothing listens there) is not a lost connection
+    assert "nothing listens on" in forwarder.stdout.readline()
     assert len(warm_pids(kept)) == 2 and not free(port)  # the worker holds the local port
+    [worker] = [p for p in warm_pids(kept) if p != server(kept)]
+    forwarder.send_signal(signal.SIGTSTP)  # Ctrl-Z: the worker stops with us ...
+    harness.wait_until(lambda: state(worker) == "T", "the worker to stop", timeout=10)
+    forwarder.send_signal(signal.SIGCONT)  # ... and goes on with us
+    harness.wait_until(lambda: state(worker) in "RS", "the worker to go on", timeout=10)
     forwarder.send_signal(signal.SIGINT)  # to our process: passed on to the worker
     assert forwarder.wait(timeout=30) == 0
     assert "stopped forwarding" in forwarder.stdout.read()
