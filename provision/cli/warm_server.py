@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from importlib import import_module
-from typing import Any
+from typing import IO, Any
 
 WAIT = 1.0  # seconds between looks at the idle clock and at finished workers
 SKIP = ("provision.cli.warm_server", "provision.remote.keeper")  # programs, not libraries
@@ -150,8 +150,8 @@ def finish(conn: socket.socket, code: int) -> None:
 
 
 class Server:
-    def __init__(self, path: str, idle: int):
-        self.path, self.idle = path, idle
+    def __init__(self, path: str, idle: int, lock: IO[str]):
+        self.path, self.idle, self.lock = path, idle, lock
         self.started = self.last = time.time()
         self.served = 0
         self.workers: set[int] = set()
@@ -201,6 +201,9 @@ class Server:
             pid = os.fork()
             if pid == 0:  # the worker
                 listener.close()
+                # a flock lasts while any copy of its descriptor is open: a worker that runs
+                # for hours (logs -f) must not keep the next server of this code from starting
+                self.lock.close()
                 code = 1
                 try:
                     code = work(conn, request, fds)
@@ -243,7 +246,7 @@ def main() -> None:
     from ..remote.rundir import bind
     listener = bind(path)
     try:
-        Server(path, idle).serve(listener)
+        Server(path, idle, lock).serve(listener)
     finally:
         try:
             os.unlink(path)
