@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -599,6 +600,24 @@ def stop_started() -> None:
             stop(hid)
         else:
             _STARTED.remove(hid)
+
+
+def hold_host_lock(info: HostInfo, step: str, seconds: int = 6) -> threading.Thread:
+    """A provisioning step (``sleep``) holding the host lock, as a bootstrap's would: returns
+    once the lock's owner file names it; join the thread to wait for its end."""
+    from provision.config.inventory import Target
+    from provision.remote.connection import connect
+    from provision.remote.executor import Executor
+    from provision.remote.runtime import run_detached
+
+    direct = Target(name="box", host=info.host, port=info.port, user="root", key=info.key)
+    holder = threading.Thread(target=lambda: run_detached(
+        Executor(connect(direct), "box"), step, f"sleep {seconds}", inputs="h"))
+    holder.start()
+    owner = info.path("/root/.gpu-provision/locks/host.owner")
+    wait_until(lambda: owner.exists() and f"step {step}" in owner.read_text(),
+               "the host lock to be taken", timeout=30)
+    return holder
 
 
 def keeper_dir() -> Path:

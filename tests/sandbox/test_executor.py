@@ -123,15 +123,7 @@ def test_a_task_with_a_lock_of_its_own_streams_its_log_and_resumes(
     """A body under its own lock runs while the provisioning lock is held; its log streams as
     it grows; after a cut, a reader resumes from the bytes it had, with nothing repeated."""
     info, proxy, target = link
-    direct = Target(name="box", host=info.host, port=info.port, user="root", key=info.key)
-    holder = threading.Thread(target=lambda: run_detached(
-        Executor(connect(direct), "box"), "hold-host", "sleep 6", inputs="h"))
-    holder.start()
-    owner = info.path("/root/.gpu-provision/locks/host.owner")
-    deadline = time.monotonic() + 30
-    while not (owner.exists() and "step hold-host" in owner.read_text()):
-        assert time.monotonic() < deadline, "the host lock was never taken"
-        time.sleep(0.1)
+    holder = harness.hold_host_lock(info, "hold-host")
     with pytest.raises(ProvisionError, match="another run holds the lock on this host"):
         run_detached(executor(target), "other", "true", inputs="o")
 

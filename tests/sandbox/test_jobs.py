@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -380,21 +379,8 @@ def test_a_job_never_starts_under_a_provisioning_step(trained: harness.HostInfo,
     """Bootstrap's steps hold the host lock exclusively, `run` holds it shared while it starts
     a job: a run during an install (here a step that sleeps) is refused with the step's name,
     and goes through once the step has ended."""
-    from provision.config.inventory import Target
-    from provision.remote.connection import connect
-    from provision.remote.executor import Executor
-    from provision.remote.runtime import run_detached
-
     monkeypatch.setenv("GPU_PROVISION_HOME", str(gp.home))
-    direct = Target(name="box", host=trained.host, port=trained.port, user="root", key=trained.key)
-    holder = threading.Thread(target=lambda: run_detached(
-        Executor(connect(direct), "box"), "torch-hold", "sleep 6", inputs="h"))
-    holder.start()
-    owner = trained.path("/root/.gpu-provision/locks/host.owner")
-    deadline = time.monotonic() + 30
-    while not (owner.exists() and "step torch-hold" in owner.read_text()):
-        assert time.monotonic() < deadline, "the host lock was never taken"
-        time.sleep(0.1)
+    holder = harness.hold_host_lock(trained, "torch-hold")
     r = gp("-H", trained.inventory, "run", "--name", "early", "--", "python", "-c", "pass")
     holder.join()
     assert r.returncode != 0
