@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # the facts script renders where Fabric is not installed (ben
     from .host import HostFacts
 
 JOURNAL_DIR = STATE  # under the remote $HOME: steps/<step>.json, logs/, locks/
-CONDA_PREFIXES = ("/root/miniconda3", "/root/anaconda3", "/opt/conda", "/opt/miniconda3")
+CONDA_PREFIXES = ("/root/miniconda3", "/root/anaconda3", "/opt/conda", "/opt/miniconda3",
+                  "/opt/miniforge3")
 
 
 def markers_of(platforms: tuple[Platform, ...]) -> tuple[PlatformMarkers, ...]:
@@ -39,6 +40,7 @@ def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (
                  step_logs: bool = False) -> str:
     """``step_logs``: also the tail of each step's log on the host (for doctor)."""
     from ..remote.templating import render
+    from .images import VENV_HOMES
     from .nvidia import QUERY_FIELDS
     return render(
         "facts/facts.sh.j2",
@@ -49,6 +51,7 @@ def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (
         query_fields_nocc=",".join(f for f in QUERY_FIELDS if f != "compute_cap"),
         journal_dir=JOURNAL_DIR,
         conda_prefixes=CONDA_PREFIXES,
+        venv_homes=VENV_HOMES,
         step_logs=step_logs,
     )
 

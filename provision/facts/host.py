@@ -22,7 +22,7 @@ from .fabric import (
     parse_fabric_states,
     parse_nvswitches,
 )
-from .images import ImageTorch, parse_image_torches
+from .images import ImageTorch, parse_image_torches, parse_view
 from .limits import Limits, parse_limits
 from .network import NetAddress, parse_default_route, parse_ip_addr
 from .nvidia import (
@@ -126,6 +126,7 @@ class HostFacts:
     sudo_said: str = ""  # what `sudo -n true` answered where it failed ("a password is required")
     limits: Limits = Limits()  # cgroup memory/CPU, /dev/shm, open files, inodes (facts/limits.py)
     image_torches: tuple[ImageTorch, ...] = ()  # torch outside conda: system python3, venvs
+    view: str | None = None  # the interpreter our venv over the image's python was made from
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -374,10 +375,8 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         uv_versions=tuple(ln.strip() for ln in (_ok(probes, "uv_tools") or "").splitlines()
                           if ln.strip()),
         gpu_faults=faults,
-        image_torches=parse_image_torches(
-            _ok(probes, "image_torch") or "",
-            m.group(1) if (m := re.search(r"^python3 Python (3\.\d+)", _out(probes, "pythons")[0],
-                                          re.M)) else None),
+        image_torches=parse_image_torches(_ok(probes, "image_torch") or ""),
+        view=parse_view(_ok(probes, "image_torch") or ""),
         login=(_ok(probes, "login") or "").strip(),
         limits=parse_limits(_ok(probes, "cgroup") or "", _ok(probes, "shm") or "",
                             _ok(probes, "nofile") or "", _ok(probes, "inodes") or ""),

@@ -24,6 +24,9 @@ def listed(urls: tuple[str, ...]) -> str:
 
 
 def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
+    if not lay.conda:
+        return nothing("conda", f"not needed: torch is the image's {lay.base or lay.python_bin}, "
+                                "used as it is")
     partial = facts.conda_partial == lay.conda_root
     if f"{lay.conda_root}/bin/conda" in facts.conda and not partial:
         return nothing("conda", f"conda found at {lay.conda_root}")

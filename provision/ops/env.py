@@ -1,4 +1,5 @@
-"""The conda env: created with the Python asked for, or the platform's own adopted.
+"""The conda env: created with the Python asked for, or the platform's own adopted; or the
+image's venv used as it is, or a venv of ours over the image's system python (ops/layout.py).
 
 What was asked is what the env has: an env of ours whose Python differs from the one asked is
 recreated with it (the old one is put back if conda cannot make the new one); an env we did
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from ..config.inventory import Settings
 from ..facts.host import CondaEnv, HostFacts
+from ..remote.contract import CONTRACT, shown
 from ..remote.templating import render
 from .layout import INTERRUPTED, Layout, find_env
 from .step import Step, inputs_hash, nothing
@@ -29,8 +31,8 @@ def python_conflict(facts: HostFacts, settings: Settings, lay: Layout) -> str | 
     """Why the env step must refuse: the existing env has another Python than the one asked
     and is not ours to recreate. None when there is nothing to refuse."""
     env = find_env(facts, lay)
-    if env is None or env.python is None or env.python == settings.python:
-        return None
+    if not lay.conda or env is None or env.python is None or env.python == settings.python:
+        return None  # (an image's python of another version is not chosen: layout.place)
     asked = settings.how_asked("python")
     if lay.adopted:
         if not settings.asked_by_user("python"):
@@ -50,6 +52,8 @@ def python_conflict(facts: HostFacts, settings: Settings, lay: Layout) -> str | 
 
 def env_step(facts: HostFacts, settings: Settings, lay: Layout, why: str = "") -> Step:
     """``why``: what the plan says first (the platform's env it leaves alone)."""
+    if not lay.conda:
+        return venv_step(facts, lay)
     env = find_env(facts, lay)
     repair = "env" in facts.interrupted and not lay.adopted
     refusal = python_conflict(facts, settings, lay)
@@ -82,3 +86,28 @@ def env_step(facts: HostFacts, settings: Settings, lay: Layout, why: str = "") -
         action = f"create {lay.env_name!r}"
     return Step("env", why + reason, action=action, body=body,
                 inputs=inputs_hash(name=lay.env_name, python=settings.python), repair=repair)
+
+
+def venv_step(facts: HostFacts, lay: Layout) -> Step:
+    """The image's venv is used as it is; the image's system python through a venv of ours made
+    over it with ``--system-site-packages``: the image's torch stays where it is and imports as
+    it is, `python` is on PATH for jobs and login shells, and what the recipe adds goes into the
+    venv. pip refuses to install into an "externally managed" system python, ``--user`` included
+    (Debian 12, Ubuntu 23.04+), and permits it in a venv, where it never removes what lies outside
+    it (PEP 668, use cases 2 and 4: https://peps.python.org/pep-0668/#use-cases)."""
+    env = find_env(facts, lay)
+    have = f"python {env.python}, torch {env.torch}" if env is not None else "its torch"
+    if not lay.base:
+        return nothing("env", f"use the image's venv {lay.prefix} as it is ({have})")
+    view = shown(CONTRACT.view.removeprefix(f"{CONTRACT.state}/"))
+    if facts.view == lay.base:
+        return nothing("env", f"{view}, a venv over the image's {lay.base}, is there ({have}, "
+                              "the image's as it is)")
+    again = f"; the one there is over {facts.view}: made again" if facts.view else ""
+    return Step("env", f"the image's {lay.base} ({have}) stays as it is; a venv over it "
+                f"(--system-site-packages: nothing downloaded) gives jobs and login shells its "
+                f"`python`, and what the recipe adds goes into the venv, never into the image's "
+                f"python (PEP 668){again}",
+                action=f"make {view} over {lay.base}",
+                body=render("setup/view.sh.j2", base=lay.base),
+                inputs=inputs_hash(view=lay.base))

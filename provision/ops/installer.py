@@ -69,13 +69,23 @@ class Installer:
         return {"uv": uv, "uv_mirrors": self.mirrors, "pip_reason": self.why}
 
 
-def choose_installer(facts: HostFacts, settings: Settings) -> Installer:
+# uv reads only the venv's own site-packages, not those a --system-site-packages venv sees, so it
+# would install torch again beside the image's (astral-sh/uv#7358, #4466: "we don't look at the
+# full sys.path"); pip sees them, and in a venv it never touches what lies outside it (PEP 668,
+# use case 4: https://peps.python.org/pep-0668/#use-cases)
+OVER_IMAGE = ("the env is a venv over the image's python (--system-site-packages), whose "
+              "packages uv does not see (astral-sh/uv#7358): pip keeps the image's torch")
+
+
+def choose_installer(facts: HostFacts, settings: Settings, over_image: bool = False) -> Installer:
     """uv when a wheel is pinned for the host's arch, pip otherwise. (Its wheels need glibc 2.17,
     older than any torch release in the data needs; a binary that does not run on the host sends
-    the step to pip there.)"""
+    the step to pip there.) ``over_image``: the env is our venv over the image's python: pip."""
     rel = load_uv()
     arch = facts.arch or "x86_64"
     mirrors = settings.mirrors.pypi
+    if over_image:
+        return Installer(rel.version, None, False, mirrors, OVER_IMAGE)
     wheel = rel.wheels.get(arch)
     where = f"{TOOLS_DIR}/uv-{rel.version}"
     if wheel is None:
@@ -91,13 +101,13 @@ def choose_installer(facts: HostFacts, settings: Settings) -> Installer:
                      "be had")
 
 
-def installer_decision(facts: HostFacts, settings: Settings, changing: list[str]
-                       ) -> tuple[str, str] | None:
+def installer_decision(facts: HostFacts, settings: Settings, changing: list[str],
+                       over_image: bool = False) -> tuple[str, str] | None:
     """(action, reason) of the plan's installer line, when the torch or packages step has work."""
     served = [name for name in ("torch", "packages") if name in changing]
     if not served:
         return None
-    chosen = choose_installer(facts, settings)
+    chosen = choose_installer(facts, settings, over_image)
     verb = "installs" if len(served) == 1 else "install"
     # until our uv is on the host, whether a mirror serves it is the step's to find out: the
     # plan does not promise it

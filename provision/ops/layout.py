@@ -1,12 +1,24 @@
-"""Where conda and the env live on the host, known before they exist."""
+"""Where the env lives on the host, known before it exists, and which Python's torch is used.
+
+``place`` is the one decision about what is already there. Every Python with a torch that the
+image or the platform provides is judged by the rule that picks a new torch
+(``kept.judge_env_torch``): a conda env (a base or ``envs/*``), the system's python3.X, a venv in
+the usual places. One that passes is used as it is; one that fails is left untouched and an env
+of ours goes beside it. The plan says, one line each, which is used and why.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from packaging.version import InvalidVersion, Version
+
 from ..config.inventory import Settings
 from ..config.recipes import Platform
 from ..facts.host import CondaEnv, HostFacts
+from ..remote.contract import CONTRACT
+from .kept import judge_env_torch
+from .step import inputs_hash
 
 
 def expand_home(path: str, home: str) -> str:
@@ -19,13 +31,21 @@ def expand_home(path: str, home: str) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    conda_root: str
+    conda_root: str  # "" where the env is a venv
     env_name: str
-    adopted: bool  # the platform's env (AutoDL's base), not one of ours
+    adopted: bool  # the platform's or the image's env, used as it is: not one of ours
     owner: str = "the platform"  # whose env an adopted one is: the platform's, or the image's
+    prefix: str = ""  # a venv (not conda's): the image's own, or ours over its system python
+    base: str = ""  # the image's system python that venv of ours is made over (its torch is used)
+
+    @property
+    def conda(self) -> bool:
+        return not self.prefix
 
     @property
     def env_prefix(self) -> str:
+        if self.prefix:
+            return self.prefix
         return self.conda_root if self.env_name == "base" else f"{self.conda_root}/envs/{self.env_name}"
 
     @property
@@ -34,26 +54,120 @@ class Layout:
 
 
 def layout(facts: HostFacts, settings: Settings, platform: Platform) -> Layout:
+    """The conda env: the platform's (AutoDL's base) where it ships one, else ours."""
     roots = [c.removesuffix("/bin/conda") for c in facts.conda]
     prefix = expand_home(platform.conda_prefix, facts.home) if platform.conda_prefix else None
     root = prefix if prefix in roots else (roots[0] if roots else prefix or f"{facts.home}/miniconda3")
     # an env name set on the command line or in the inventory is one of ours, even where the
     # platform ships an env to adopt
     adopt = None if settings.asked_by_user("env_name") else platform.adopt_env
-    if adopt is None and not settings.asked_by_user("env_name") and image_base(facts, root):
-        # the image's own conda with torch in its base (the pytorch/pytorch images' /opt/conda,
-        # no platform marker): judged and kept or left alone as a platform's env is
-        return Layout(conda_root=root, env_name="base", adopted=True, owner="the image")
     return Layout(conda_root=root, env_name=adopt or settings.env_name, adopted=bool(adopt))
 
 
-def image_base(facts: HostFacts, root: str) -> bool:
-    """The conda at ``root`` came with the image and its base holds a torch: not a conda our
-    conda step installed (the journal records that step), not an env we made."""
-    if "conda" in facts.journal:
-        return False
-    base = next((e for e in facts.envs if e.prefix == root), None)
-    return base is not None and bool(base.torch) and base.prefix not in facts.own_envs
+@dataclass(frozen=True)
+class Found:
+    """A Python with a torch the image provides, and the layout that uses it as it is."""
+
+    env: CondaEnv  # its python and torch
+    where: str  # how the plan names it
+    use: Layout
+
+
+def image_pythons(facts: HostFacts, lay: Layout) -> list[Found]:
+    """Every Python with a torch the image provides, outside the platform's env: conda envs of a
+    conda our conda step did not install (and not ours), system pythons, venvs."""
+    found = []
+    done = facts.journal.get("env", {})  # an env of ours made before envs carried our marker
+    if "conda" not in facts.journal and not lay.adopted:
+        for e in facts.envs:
+            ours = e.prefix in facts.own_envs or done.get("result") == "ok" and \
+                done.get("inputs") == inputs_hash(name=e.name, python=e.python)
+            if e.torch and not ours:
+                what = "conda base" if e.name == "base" else f"conda env {e.name!r}"
+                found.append(Found(e, f"{e.prefix} (the image's {what}, python {e.python or '?'})",
+                                   Layout(conda_root=e.conda, env_name=e.name, adopted=True,
+                                          owner="the image")))
+    for it in facts.image_torches:
+        if not it.torch:
+            continue
+        if it.kind == "venv":
+            use = Layout(conda_root="", env_name=it.prefix, adopted=True, owner="the image",
+                         prefix=it.prefix)
+        else:  # its torch through a venv of ours over it: the image's python stays as it is
+            use = Layout(conda_root="", env_name="venv", adopted=True, owner="the image",
+                         prefix=f"{facts.home.rstrip('/')}/{CONTRACT.view}", base=it.python_bin)
+        found.append(Found(CondaEnv(conda="", prefix=use.prefix, name=use.env_name,
+                                    python=it.python, torch=it.torch, torch_cuda=it.torch_cuda),
+                           it.where, use))
+    return found
+
+
+@dataclass(frozen=True)
+class Placement:
+    layout: Layout
+    left_alone: str = ""  # what the env and torch steps say first: the platform's env kept aside
+    lines: tuple[str, ...] = ()  # one per Python with torch the image provides: used or not, why
+
+
+def _release(env: CondaEnv) -> Version:
+    try:
+        return Version((env.torch or "0").partition("+")[0])
+    except InvalidVersion:
+        return Version("0")
+
+
+def place(facts: HostFacts, settings: Settings, platform: Platform) -> Placement:
+    """Which Python's torch bootstrap uses, and where an env of ours goes when none passes."""
+    lay = layout(facts, settings, platform)
+    found = image_pythons(facts, lay)
+    if settings.asked_by_user("env_name"):
+        why = f"an env of ours is asked ({settings.how_asked('env_name')})"
+        return Placement(lay, lines=tuple(f"{f.where} has torch {f.env.torch}: left untouched, "
+                                          f"as {why}" for f in found))
+    if lay.adopted:  # the platform ships an env: it comes first, judged by the same rule
+        left = ""
+        env = find_env(facts, lay)
+        if env is not None and env.torch:
+            check = judge_env_torch(facts, settings, env)
+            if not check.ok:
+                left = (f"{lay.owner}'s env {env.name!r} keeps its torch {env.torch}, "
+                        f"unchanged ({check.reason}); ")
+                lay = ours(lay, settings)
+        return Placement(lay, left, tuple(f"{f.where} has torch {f.env.torch}: left untouched; "
+                                          f"{platform.name}'s env comes first" for f in found))
+    judged = [(f, judge_env_torch(facts, settings, f.env)) for f in found]
+    asked = settings.asked_by_user("python")
+
+    def other_python(f: Found) -> bool:
+        return asked and f.env.python is not None and f.env.python != settings.python
+
+    usable = [f for f, check in judged if check.ok and not other_python(f)]
+    chosen = max(usable, key=lambda f: _release(f.env), default=None)  # the first of the newest
+    lines = []
+    for f, check in judged:
+        head = f"{f.where} has torch {f.env.torch}"
+        if f is chosen:
+            lines.append(f"{head}, which passes the rule ({check.reason}): used as it is, "
+                         "nothing downloaded")
+        elif not check.ok:
+            beside = "" if chosen else ", and an env of ours goes beside it"
+            lines.append(f"{head}, which fails the rule ({check.reason}): left untouched{beside}")
+        elif other_python(f):
+            lines.append(f"{head} on python {f.env.python}; python {settings.python} is asked "
+                         f"({settings.how_asked('python')}): left untouched")
+        else:
+            assert chosen is not None
+            lines.append(f"{head}, which passes the rule ({check.reason}); {chosen.where} has "
+                         f"the newer torch {chosen.env.torch}: left untouched")
+    if chosen is not None:
+        return Placement(chosen.use, lines=tuple(lines))
+    # ours, in the image's conda where it has one: never in an env of the image's own
+    taken = {f.env.prefix for f in found}
+    if lay.env_name == "base" or lay.env_prefix in taken:
+        lay = Layout(conda_root=lay.conda_root, env_name="torch" if
+                     f"{lay.conda_root}/envs/torch" not in taken else "gpu-provision",
+                     adopted=False)
+    return Placement(lay, lines=tuple(lines))
 
 
 def ours(lay: Layout, settings: Settings) -> Layout:
@@ -65,7 +179,22 @@ def ours(lay: Layout, settings: Settings) -> Layout:
 
 
 def find_env(facts: HostFacts, lay: Layout) -> CondaEnv | None:
+    """The env the layout names, as the facts see it; for a venv over the image's system python,
+    the base's torch and python (the venv itself may not be made yet: ``view_ready``)."""
+    if not lay.conda:
+        python = lay.base or f"{lay.prefix}/bin/python"
+        it = next((i for i in facts.image_torches if i.python_bin == python), None)
+        return None if it is None else CondaEnv(
+            conda="", prefix=lay.prefix, name=lay.env_name, python=it.python, torch=it.torch,
+            torch_cuda=it.torch_cuda)
     return next((e for e in facts.envs if e.prefix == lay.env_prefix), None)
+
+
+def env_ready(facts: HostFacts, lay: Layout) -> bool:
+    """The env is there to run in (validate, bench, fit): made, or the image's own."""
+    if lay.base:
+        return facts.view == lay.base
+    return find_env(facts, lay) is not None
 
 
 INTERRUPTED = "interrupted on the host before it finished (a reboot or a kill)"

@@ -18,51 +18,22 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from ..config.inventory import Settings
 from ..config.shipped import package_source
 from ..errors import ProvisionError
-from ..facts.host import CondaEnv, HostFacts, cc_from_name
+from ..facts.host import HostFacts
 from ..remote.contract import CONTRACT, shown
 from ..remote.templating import render
 from ..wheels import simpleindex
-from ..wheels.installed import BuildCheck, check_installed, installed_choice
-from ..wheels.rule import TorchChoice, torch_spec
+from ..wheels.installed import installed_choice
+from ..wheels.rule import TorchChoice
 from .conda import configured_pypi, listed
 from .installer import choose_installer
+from .kept import judge_env_torch
 from .layout import INTERRUPTED, Layout, find_env
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
 INDEX_DIR = CONTRACT.index  # under the host's $HOME: what the mirror served
-
-
-def host_gpus(facts: HostFacts) -> list[tuple[str, str]]:
-    """(name, compute capability or "") per GPU: nvidia-smi's, else the PCI bus's by name."""
-    if facts.gpus:
-        return [(g.name, g.compute_cap or cc_from_name(g.name) or "") for g in facts.gpus]
-    if facts.pci_gpus:
-        return [(g.name, cc_from_name(g.name) or "") for g in facts.pci_gpus]
-    return [("the GPU", "")] if facts.has_nvidia_gpu else []
-
-
-def judge_env_torch(facts: HostFacts, settings: Settings, env: CondaEnv) -> BuildCheck:
-    """May the torch in ``env`` stay? The rule (a CUDA build on a GPU host, its CUDA within the
-    driver's, kernels for every GPU) and a pinned ``torch:``, which it must match."""
-    assert env.torch is not None
-    driver = facts.driver if facts.nvidia_state == "ok" else None
-    check = check_installed(env.torch, env.torch_cuda, driver, facts.driver_cuda,
-                            host_gpus(facts), settings.cuda_compat)
-    if not check.ok or not settings.torch:
-        return check
-    try:
-        pinned = Version(env.torch.partition("+")[0]) in torch_spec(settings.torch)
-    except InvalidVersion:
-        pinned = False
-    if not pinned:
-        return BuildCheck(False, f"torch {env.torch} is not the torch {settings.torch} asked "
-                                 f"({settings.how_asked('torch')})")
-    return check
 
 
 def candidates_json(candidates: tuple[TorchChoice, ...], settings: Settings
@@ -193,6 +164,6 @@ def packages_step(facts: HostFacts, settings: Settings, lay: Layout,
         return nothing("packages", f"{' '.join(settings.packages)} installed (journal)")
     body = render("setup/packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
                   pypi=configured_pypi(settings), mirror_timeout=settings.mirrors.timeout,
-                  **choose_installer(facts, settings).template_vars())
+                  **choose_installer(facts, settings, bool(lay.base)).template_vars())
     return Step("packages", f"recipe {settings.recipe}, from {listed(pypi)}, torch pinned",
                 action="install " + " ".join(settings.packages), body=body, inputs=h)

@@ -167,9 +167,12 @@ def verify_expectations(facts: HostFacts, lay: Layout, settings: Settings,
     """What the shipped testinfra suite (provision/verify) checks the host against; kept on the
     host as ~/.gpu-provision/expected.json so `pytest --hosts=...` needs nothing else."""
     torch, cuda = (choice.torch, choice.cuda_version) if choice else (None, None)  # kept or new
-    ours = f"{lay.conda_root}/bin/conda" not in facts.conda or \
-        facts.journal.get("conda", {}).get("result") == "ok"  # we wrote .condarc and pip.conf
-    return {"conda_root": lay.conda_root, "env_prefix": lay.env_prefix,
+    ours = lay.conda and (f"{lay.conda_root}/bin/conda" not in facts.conda or
+                          facts.journal.get("conda", {}).get("result") == "ok")  # our .condarc
+    # an image's venv, or ours over its system python, has no conda (conda_root null); ours
+    # names the image's python it runs (base_python)
+    over = {"base_python": lay.base} if lay.base else {}
+    return {"conda_root": lay.conda_root or None, "env_prefix": lay.env_prefix, **over,
             "python": None if lay.adopted else settings.python, "torch": torch, "torch_cuda": cuda,
             "gpus": [g.name for g in facts.gpus], "driver": facts.driver,
             "conda_channels": list(settings.mirrors.conda_channels) if ours else None,

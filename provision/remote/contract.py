@@ -10,7 +10,8 @@ Everything of ours on a host lives in ``~/.gpu-provision`` (``STATE``) of the lo
   (where the platform has persistent storage, ``<storage>/.gpu-provision/hosts/<hostname>/
   autostop`` instead, named by ``autostop-dir``: provision/money/autostop.py);
 - ``tools/``: our uv; ``index/``: what the mirrors served; ``env``: pushed tokens (0600);
-  ``expected.json``: what ``verify`` checks the host against.
+  ``expected.json``: what ``verify`` checks the host against; ``venv/``: a venv over the image's
+  system python, where its torch is used as it is (ops/layout.py).
 
 Python code builds paths with ``rel`` (relative to the home, for commands and SFTP) and
 ``shown`` (``~/...``, for messages); templates receive ``host`` (``CONTRACT``) when rendered
@@ -50,6 +51,7 @@ class Contract:
     index: str = f"{STATE}/index"
     env_file: str = f"{STATE}/env"
     expected: str = f"{STATE}/expected.json"
+    view: str = f"{STATE}/venv"  # a venv of ours over the image's system python (ops/layout.py)
     locks: Locks = Locks()
     marker: str = "GPU_PROVISION_RESULT"  # the step script's one result line starts with it
     heartbeat: str = "gpu-provision-heartbeat "  # stderr, every 2 s while a body runs

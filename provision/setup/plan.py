@@ -10,7 +10,7 @@ from ..config.inventory import Settings
 from ..config.minimums import shortfalls
 from ..config.recipes import Platform
 from ..errors import NoWheelError, ProvisionError
-from ..facts.host import CondaEnv, HostFacts, cc_from_name
+from ..facts.host import HostFacts, cc_from_name
 from ..ops import driver as driver_ops
 from ..ops import fabric as fabric_ops
 from ..ops import validate as validate_ops
@@ -19,11 +19,11 @@ from ..ops.driver_pick import NoDriver, Pick, choose, first_release
 from ..ops.driver_pick import table as driver_table
 from ..ops.env import env_step, python_conflict
 from ..ops.installer import installer_decision
-from ..ops.layout import Layout, find_env, layout, ours
+from ..ops.layout import Layout, env_ready, find_env, place
 from ..ops.privilege import THROUGH_SUDO, cannot_text, for_login
 from ..ops.secrets import secrets_step
 from ..ops.step import Step, nothing
-from ..ops.torch import judge_env_torch, packages_step, torch_step
+from ..ops.torch import packages_step, torch_step
 from ..wheels.data import parse_compute_cap
 from ..wheels.rule import TorchChoice, torch_candidates
 
@@ -57,8 +57,7 @@ class Plan:
 
     def require_env(self, what: str) -> None:
         """Tasks that run in the env (validate, bench) need bootstrap to have made it."""
-        if self.layout is None or self.facts is None or \
-                not any(e.prefix == self.layout.env_prefix for e in self.facts.envs):
+        if self.layout is None or self.facts is None or not env_ready(self.facts, self.layout):
             raise ProvisionError(f"{self.host}: no env to {what} yet: run bootstrap first")
 
     def as_json(self) -> dict[str, Any]:
@@ -115,33 +114,16 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
     blocked: str | None = None
     install: Pick | None = None
 
-    # What is kept must pass the rule that picks what is installed: a platform's env whose torch
-    # fails it (or a pinned torch: it is not) stays as it is, and an env of ours beside it in
-    # the same conda gets the torch the rule picks. The platform's env is never changed.
-    lay = layout(facts, settings, platform)
-    left_alone = ""
-    platform_env = find_env(facts, lay) if lay.adopted else None
-    if platform_env is not None and platform_env.torch:
-        check = judge_env_torch(facts, settings, platform_env)
-        if not check.ok:
-            lay = ours(lay, settings)
-            left_alone = (f"{lay.owner}'s env {platform_env.name!r} keeps its torch "
-                          f"{platform_env.torch}, unchanged ({check.reason}); ")
-            platform_env = None
-    for it in facts.image_torches:  # torch the image put outside conda: judged, never touched
-        if not it.torch:
-            continue
-        verdict = judge_env_torch(facts, settings, CondaEnv(
-            conda="", prefix=it.python_bin, name=it.python_bin, python=it.python, torch=it.torch,
-            torch_cuda=it.torch_cuda))
-        how = (f"passes the rule ({verdict.reason}), but only conda envs are used as they are"
-               if verdict.ok else f"fails the rule ({verdict.reason})")
-        decisions.append(Decision("image", None, f"{it.python_bin} ({it.kind} python "
-                                  f"{it.python or '?'}) has torch {it.torch}, which {how}: left "
-                                  "untouched, and the env below goes beside it"))
+    # What is kept must pass the rule that picks what is installed (ops/layout.py `place`): a
+    # platform's env, an image's conda env, system python or venv whose torch passes is used as
+    # it is; one that fails (or a pinned torch: it is not) stays as it is, and an env of ours
+    # beside it gets the torch the rule picks. Nothing of the platform's or the image's changes.
+    placed = place(facts, settings, platform)
+    lay, left_alone = placed.layout, placed.left_alone
+    decisions += [Decision("image", None, line) for line in placed.lines]
+    kept = find_env(facts, lay) if lay.adopted else None
     # the rule is applied for the Python of the env the torch goes into
-    python = platform_env.python if platform_env is not None and platform_env.python \
-        else settings.python
+    python = kept.python if kept is not None and kept.python else settings.python
 
     def pick(driver: str | None, driver_cuda: str | None) -> TorchChoice:
         nonlocal cands
@@ -287,8 +269,9 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         blocked = refusal
     steps += [conda_step(facts, settings, lay), env]
     if torch is not None and cands:
-        step, torch = torch_step(facts, settings, lay, cands, python, fresh_env=env.changes,
-                                 why=left_alone)
+        # a new conda env has no torch yet; a venv made over the image's python sees its torch
+        step, torch = torch_step(facts, settings, lay, cands, python,
+                                 fresh_env=env.changes and lay.conda, why=left_alone)
         steps += [step, packages_step(facts, settings, lay, fresh_env=env.changes)]
     elif blocked:
         steps.append(nothing("torch", f"blocked: {blocked}"))
@@ -316,7 +299,8 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                      if d.changes else d for d in decisions]
     decisions += [Decision(s.name, s.label if s.changes else None, s.reason)
                   for s in steps if s.name != "driver"]
-    installs = installer_decision(facts, settings, [s.name for s in steps if s.changes])
+    installs = installer_decision(facts, settings, [s.name for s in steps if s.changes],
+                                  over_image=bool(lay.base))
     if installs:  # right after the steps it serves
         at = max(i for i, d in enumerate(decisions) if d.step in ("torch", "packages")) + 1
         decisions.insert(at, Decision("installer", *installs))

@@ -30,6 +30,8 @@ def test_gpus_as_expected(host: Host, expected: dict[str, Any]) -> None:
 
 
 def test_conda(host: Host, expected: dict[str, Any]) -> None:
+    if not expected["conda_root"]:
+        pytest.skip(f"no conda: the env is the image's python ({expected['env_prefix']})")
     conda = host.file(f"{expected['conda_root']}/bin/conda")
     assert conda.exists and conda.mode & 0o111, f"no conda at {expected['conda_root']}"
     assert host.run(f"{conda.path} --version").rc == 0
@@ -38,6 +40,10 @@ def test_conda(host: Host, expected: dict[str, Any]) -> None:
 def test_env_python(host: Host, expected: dict[str, Any]) -> None:
     py = f"{expected['env_prefix']}/bin/python"
     assert host.file(py).exists, f"the env {expected['env_prefix']} has no python"
+    if expected.get("base_python"):  # a venv over the image's python: it runs that interpreter
+        real = host.check_output(f"{py} -c 'import os, sys; print(os.path.realpath(sys.executable))'")
+        base = host.check_output(f"readlink -f {expected['base_python']}")
+        assert real == base, f"{py} runs {real}, not the image's {expected['base_python']}"
     if expected["python"]:
         version = host.check_output(f"{py} -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'")
         assert version == expected["python"]

@@ -400,6 +400,7 @@ def report(m: dict[str, Any], cfg: dict[str, Any], seconds: float = 0.0) -> dict
     t = m.get("torch") or {}
     return {"schema": 3, "verdict": verdict(checks), "mode": "gpu" if cfg.get("expected_gpus") else "cpu",
             "torch": t.get("version"), "cuda": t.get("cuda"), "checks": checks,
+            "python": (m.get("python") or {}).get("real"), "torch_file": t.get("file"),
             "devices": [{k: g.get(k) for k in ("index", "name", "uuid", "capability", "memory_gb")}
                         for g in m.get("gpus") or []],
             "measurements": m, "seconds": round(seconds, 1)}

@@ -292,13 +292,18 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     m: dict[str, Any] = {"smi": smi() if cfg.get("expected_gpus") else None,
                          "host": host(cfg.get("data_dir")), "torch": {}, "gpus": [],
                          "cpu_gflops": None, "libcuda": None,
-                         "env": {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}}
+                         "env": {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")},
+                         # the interpreter, and the one it is (a venv's python is a link to it)
+                         "python": {"executable": sys.executable,
+                                    "real": os.path.realpath(sys.executable),
+                                    "prefix": sys.prefix, "version": sys.version.split()[0]}}
     try:
         import torch
     except Exception as exc:  # the env has no usable torch: nothing else can be measured
         m["torch"] = {"error": repr(exc)}
         return m
-    t = m["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda, "error": None}
+    t = m["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda, "error": None,
+                      "file": getattr(torch, "__file__", None)}
     a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
     ref = a @ a
     t["cpu_matmul_ok"] = bool(torch.allclose(ref, (a.double() @ a.double()).float(), rtol=1e-3, atol=1e-3))

@@ -16,8 +16,9 @@ if [ -n "$_gp_prefix" ] && [ -x "$_gp_prefix/bin/python" ]; then
       if [ -n "$_gp_root" ] && [ -f "$_gp_root/etc/profile.d/conda.sh" ] && \
           . "$_gp_root/etc/profile.d/conda.sh" >/dev/null 2>&1 && \
           conda activate "$_gp_prefix" >/dev/null 2>&1; then :
-      else
+      else  # a venv (the image's, or ours over its python): as its bin/activate does it
         PATH="$_gp_prefix/bin:$PATH"; export PATH
+        if [ -f "$_gp_prefix/pyvenv.cfg" ]; then VIRTUAL_ENV=$_gp_prefix; export VIRTUAL_ENV; fi
       fi;;
   esac
   GPU_PROVISION_ENV=$_gp_prefix; export GPU_PROVISION_ENV

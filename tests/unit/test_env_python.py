@@ -57,8 +57,13 @@ def test_a_recreated_env_gets_its_packages_again() -> None:
         "install ultralytics>=8.3 opencv-python-headless"
 
 
+# the env named as ours holds no torch: it is not a Python with a torch to judge (ops/layout.py)
+NO_TORCH = {**NO_JOURNAL, "envs": "/root/miniconda3|/root/miniconda3|python3.11|\n"
+                                  "/root/miniconda3|/root/miniconda3/envs/torch|python3.11|"}
+
+
 def test_an_env_we_did_not_make_is_refused_in_one_line() -> None:
-    facts = captured("cpu-only-bootstrapped", NO_JOURNAL)  # no journal, no marker: not ours
+    facts = captured("cpu-only-bootstrapped", NO_TORCH)  # no journal, no marker: not ours
     plan = _plan(facts, inventory={"python": "3.12"})
     assert plan.blocked == (
         "env 'torch' at /root/miniconda3/envs/torch has python 3.11, python 3.12 is asked "
@@ -67,6 +72,18 @@ def test_an_env_we_did_not_make_is_refused_in_one_line() -> None:
         "(--env-name NAME)")
     action, reason = _decision(plan, "env")
     assert action is None and reason == "refused: " + plan.blocked
+
+
+def test_an_env_we_did_not_make_with_a_torch_is_left_untouched_and_ours_goes_beside() -> None:
+    """The same env with a torch in it: a Python with a torch the image provides, on another
+    Python than the one asked: left as it is, said in one line; ours gets another name."""
+    plan = _plan(captured("cpu-only-bootstrapped", NO_JOURNAL), inventory={"python": "3.12"})
+    assert plan.blocked is None
+    assert [d.reason for d in plan.decisions if d.step == "image"] == [
+        "/root/miniconda3/envs/torch (the image's conda env 'torch', python 3.11) has torch "
+        "2.13.0+cpu on python 3.11; python 3.12 is asked (python: in box.yaml): left untouched"]
+    assert _decision(plan, "env") == ("create 'gpu-provision'",
+                                      "conda create -n gpu-provision python=3.12")
 
 
 def test_our_marker_makes_an_env_ours_without_the_journal() -> None:

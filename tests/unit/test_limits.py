@@ -113,17 +113,35 @@ def test_doctor_shows_the_same_judgement_and_the_unreadable_gpu() -> None:
 
 def test_torch_outside_conda_is_found_with_its_interpreter() -> None:
     """What the image_torch probe prints for a torch/version.py (the captured 2.2.1+cu121 one)
-    in the system python's dist-packages, Debian's unversioned one, and a venv."""
-    from provision.facts.images import parse_image_torches
+    in the system pythons' dist-packages (Debian's unversioned one is /usr/bin/python3's, here
+    3.12), a source-built /usr/local python's site-packages, a venv; the first torch on an
+    interpreter's path hides the next, and a venv whose python is gone is no Python at all."""
+    from provision.facts.images import parse_image_torches, parse_view
     version_py = (FX.parent / "torch/version-py-2.2.1-cu121.txt").read_text()
     tv = " ".join(ln.replace("'", "").replace(" ", "") for ln in version_py.splitlines()
                   if ln.startswith(("__version__", "cuda")))  # as the probe's grep and tr do
-    text = "\n".join(f"{p}|{tv}" for p in (
+    bins = ["/usr/bin/python3|python3.12", "/usr/bin/python3.10|", "/usr/bin/python3.12|",
+            "/usr/local/bin/python3.11|", "/workspace/venv/bin/python|"]
+    text = "\n".join([*(f"bin|{b}" for b in bins), *(f"torch|{p}|{tv}" for p in (
+        # in the probe's order, which is Debian's sys.path order
         "/usr/local/lib/python3.10/dist-packages/torch/version.py",
+        "/usr/local/lib/python3.12/dist-packages/torch/version.py",
         "/usr/lib/python3/dist-packages/torch/version.py",
-        "/workspace/venv/lib/python3.11/site-packages/torch/version.py"))
-    found = parse_image_torches(text, system_python="3.12")
+        "/usr/local/lib/python3.11/site-packages/torch/version.py",
+        "/workspace/venv/lib/python3.11/site-packages/torch/version.py",
+        "/venv/lib/python3.11/site-packages/torch/version.py"))])
+    found = parse_image_torches(text)
     assert [(t.kind, t.python_bin, t.python, t.torch, t.torch_cuda) for t in found] == [
         ("system", "/usr/bin/python3.10", "3.10", "2.2.1+cu121", "12.1"),
         ("system", "/usr/bin/python3.12", "3.12", "2.2.1+cu121", "12.1"),
+        ("system", "/usr/local/bin/python3.11", "3.11", "2.2.1+cu121", "12.1"),
         ("venv", "/workspace/venv/bin/python", "3.11", "2.2.1+cu121", "12.1")]
+    assert found[1].path == "/usr/local/lib/python3.12/dist-packages/torch/version.py"
+    # Debian's own python3 package of torch alone: /usr/bin/python3's version
+    alone = parse_image_torches("bin|/usr/bin/python3|python3.12\nbin|/usr/bin/python3.12|\n"
+                                f"torch|/usr/lib/python3/dist-packages/torch/version.py|{tv}")
+    assert [(t.python_bin, t.python) for t in alone] == [("/usr/bin/python3.12", "3.12")]
+    # our venv over one of them: its pyvenv.cfg as Python 3.10's venv writes it (no executable)
+    assert parse_view("view|home = /usr/bin\nview|include-system-site-packages = true\n"
+                      "view|version = 3.10.12") == "/usr/bin/python3.10"
+    assert parse_view("") is None
