@@ -174,6 +174,9 @@ def verdict_table(host: str, report: Mapping[str, Any], path: Any,
     for c in report["checks"]:
         t.add_row(c["name"], c["status"].upper(), c["reason"])
     out.print(t)
+    if report.get("python"):  # the interpreter it ran in, and where its torch came from
+        base = f" (it runs {report['python_base']})" if report.get("python_base") else ""
+        out.print(text(f"python: {report['python']}{base}, torch from {report.get('torch_file')}"))
     out.print(text("verdict: ", (str(report["verdict"]), f"bold {colour}"), f" (report: {path})"))
 
 

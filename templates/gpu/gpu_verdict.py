@@ -398,9 +398,12 @@ def verdict(checks: list[dict[str, Any]]) -> str:
 def report(m: dict[str, Any], cfg: dict[str, Any], seconds: float = 0.0) -> dict[str, Any]:
     checks = judge(m, cfg)
     t = m.get("torch") or {}
+    py = m.get("python") or {}
     return {"schema": 3, "verdict": verdict(checks), "mode": "gpu" if cfg.get("expected_gpus") else "cpu",
             "torch": t.get("version"), "cuda": t.get("cuda"), "checks": checks,
-            "python": (m.get("python") or {}).get("real"), "torch_file": t.get("file"),
+            # the interpreter it ran in (a venv's python runs the one it links to: "python_base")
+            "python": py.get("executable"), "torch_file": t.get("file"),
+            "python_base": py.get("real") if py.get("real") != py.get("executable") else None,
             "devices": [{k: g.get(k) for k in ("index", "name", "uuid", "capability", "memory_gb")}
                         for g in m.get("gpus") or []],
             "measurements": m, "seconds": round(seconds, 1)}

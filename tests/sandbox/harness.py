@@ -548,6 +548,9 @@ def start(profile_name: str, password: str | None = None, reboot_delay: float = 
     if profile.get("platform_torch"):
         from .platform_env import install_platform_torch
         install_platform_torch(info, profile["conda_prefix"], profile["platform_torch"])
+    for spec in profile.get("image_torch") or []:  # what the image's build left elsewhere
+        from .platform_env import install_image_torch
+        install_image_torch(info, profile.get("conda_prefix"), spec)
     return info
 
 

@@ -4,6 +4,12 @@ from the local mirror where this machine has the wheel, else replayed from a cap
 
 Profile key ``platform_torch``: ``{wheel: "torch==2.13.0", variant: cpu}`` or
 ``{version_py: torch/version-py-2.2.1-cu121.txt}`` (a file under tests/fixtures).
+
+Profile key ``image_torch``: what an image's build left outside the platform's env, the same
+torch specs, each with where: ``{conda_env: pytorch, ...}`` (a named env of the conda at
+``conda_prefix``, made by that conda) or ``{system: /usr/bin/python3.11, ...}`` (pip into the
+system python as root, as RunPod-style Dockerfiles run it: Debian's pip puts it in
+/usr/local/lib/python3.X/dist-packages).
 """
 
 from __future__ import annotations
@@ -17,13 +23,18 @@ from .harness import FIXTURES, HostInfo, in_host
 CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def install_platform_torch(info: HostInfo, prefix: str, spec: dict[str, Any]) -> None:
-    python = f"{prefix}/bin/python"
+def install_platform_torch(info: HostInfo, prefix: str, spec: dict[str, Any],
+                           python: str | None = None) -> None:
+    """``python``: the interpreter to install with (default: the env's at ``prefix``)."""
+    python = python or f"{prefix}/bin/python"
     if spec.get("wheel"):
-        # pip as the platform's image build ran it; this machine's pip settings stay outside
+        # pip as the platform's image build ran it; this machine's pip settings stay outside.
+        # A Debian 12 python is "externally managed" (PEP 668): an image build that pip-installs
+        # into it passes --break-system-packages, as pip's docs name the override
+        system = ["--break-system-packages"] if not python.startswith(prefix + "/") else []
         in_host(info, "env", "-i", f"PATH={CLEAN_PATH}", "HOME=/root", python, "-m", "pip",
                 "install", "--no-input", "--progress-bar", "off", "--disable-pip-version-check",
-                "--index-url", f"{info.mirror['pytorch']}/{spec.get('variant', 'cpu')}/",
+                *system, "--index-url", f"{info.mirror['pytorch']}/{spec.get('variant', 'cpu')}/",
                 spec["wheel"])
         return
     text = (FIXTURES / spec["version_py"]).read_text()
@@ -42,7 +53,22 @@ def install_platform_torch(info: HostInfo, prefix: str, spec: dict[str, Any]) ->
 def platform_torch_files(info: HostInfo, prefix: str) -> dict[str, int]:
     """Every file of the platform env's torch with its mtime, to show it was left alone."""
     found = {}
-    for site in Path(info.path(prefix)).glob("lib/python3.*/site-packages"):
+    for site in Path(info.path(prefix)).glob("lib/python3.*/*-packages"):
         for f in [*site.glob("torch/*.py"), *site.glob("torch-*.dist-info/*")]:
             found[str(f.relative_to(site))] = f.stat().st_mtime_ns
     return found
+
+
+def install_image_torch(info: HostInfo, conda_prefix: str | None, spec: dict[str, Any]) -> str:
+    """One ``image_torch`` entry (see the module's docstring); returns the site-packages' prefix
+    whose torch files ``platform_torch_files`` lists."""
+    if spec.get("conda_env"):
+        assert conda_prefix, "a conda_env needs the profile's conda_prefix"
+        prefix = f"{conda_prefix}/envs/{spec['conda_env']}"
+        in_host(info, "env", "-i", f"PATH={CLEAN_PATH}", "HOME=/root", f"{conda_prefix}/bin/conda",
+                "create", "-y", "-n", spec["conda_env"], "python")
+        install_platform_torch(info, prefix, spec)
+        return prefix
+    python = spec["system"]
+    install_platform_torch(info, "/usr/local", spec, python=python)
+    return "/usr/local"
