@@ -20,6 +20,7 @@ from tests.conftest import Hosts, facts_json, gpu_provision
 from tests.sandbox import harness, mirror
 from tests.sandbox.platform_env import platform_torch_files
 from tests.sandbox.test_installer import fake_wheels, with_pypi
+from tests.sandbox.test_provisioned import junit
 
 pytestmark = pytest.mark.sandbox
 
@@ -150,6 +151,15 @@ def test_the_system_python_torch_is_used_through_a_venv_over_it(hosts: Hosts, gp
         assert decision(again, "env")["reason"].startswith(
             "~/.gpu-provision/venv, a venv over the image's /usr/bin/python3.11, is there")
         assert facts_json(info, gp_home)["view"] == "/usr/bin/python3.11"
+        # the shipped testinfra suite checks the same interpreter (no conda to check)
+        ok = gpu_provision("-H", inv, "verify", "--junit", "v.xml", home=gp_home, cwd=tmp_path)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert junit(tmp_path / "v.xml") == {
+            "test_driver_loaded_as_recorded": "skipped", "test_gpus_as_expected": "skipped",
+            "test_conda": "skipped", "test_env_python": "passed",
+            "test_torch_version_and_cuda_variant": "passed", "test_cuda_available": "skipped",
+            "test_mirrors_configured": "skipped", "test_driver_packages_held": "skipped",
+            "test_no_stale_lock": "passed"}
     finally:
         harness.stop(info.id)
 
