@@ -136,6 +136,8 @@ def facts_table(host: str, f: HostFacts, out: Console | None = None) -> None:
         ("conda", ", ".join(f.conda) or "none"),
         ("envs", ", ".join(f"{e.name} (py {e.python}, torch {e.torch or '-'})" for e in f.envs)
                  or "none"),
+        ("torch outside conda", ", ".join(f"{t.python_bin} (py {t.python}, torch {t.torch})"
+                                          for t in f.image_torches) or "none"),
         ("mirrors", ", ".join(f"{k}={v}" for k, v in f.mirrors.items()) or "defaults"),
         ("boot id", f.boot_id),
         ("journal", "present" if f.journal else "none"),
