@@ -222,6 +222,7 @@ class Settings:
     torch: str | None = None
     env_name: str = "gpu"
     packages: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()  # programs installed outside the env (provision/tables/tools.yaml)
     cuda_compat: str = "strict"
     domain_libraries: bool = True  # torchvision/torchaudio with torch
     miniconda_version: str = "latest"
@@ -258,7 +259,7 @@ def merge_settings(target: Target, platform: Platform, recipe: Recipe,
     for layer, how, values in (
         ("recipe", f"in recipe {recipe.name}",
          {"python": recipe.python, "torch": recipe.torch, "env_name": recipe.env_name,
-          "packages": recipe.packages, "cuda_compat": recipe.cuda_compat,
+          "packages": recipe.packages, "tools": recipe.tools, "cuda_compat": recipe.cuda_compat,
           "domain_libraries": recipe.domain_libraries,
           "miniconda_version": recipe.miniconda_version,
           "miniconda_sha256": recipe.miniconda_sha256}),

@@ -16,6 +16,9 @@ from . import validators as v
 from .shipped import Traversable, builtin_recipes_dir
 from .yamlspec import Check, check, load_mapping
 
+# what `tools:` may name: provision/tables/tools.yaml, each with a mirrors.<name> list
+TOOLS = ("ollama",)
+
 MIRRORS_SCHEMA = {
     "apt": Check(str, v.url),
     "miniconda": Check((str, [str]), v.urls),
@@ -23,6 +26,8 @@ MIRRORS_SCHEMA = {
         not v.url(x) or not v.name(x) for x in xs) else f"{xs!r}: each channel is a name or URL"),
     "pypi": Check((str, [str]), v.urls),
     "pytorch": Check((str, [str]), v.urls),
+    # prefixes holding Ollama's release archives (ollama-linux-amd64.tar.zst), tried in order
+    "ollama": Check((str, [str]), v.urls),
     # seconds each listed mirror has to answer before the next is tried (slow links: raise it)
     "timeout": Check(int, v.seconds(1, 300)),
 }
@@ -48,6 +53,9 @@ RECIPE_SCHEMA = {
                  f"{xs!r}: the command as a list of its words, e.g. [python, train.py]"),
     # the port the job: serves on (the host's loopback unless it says otherwise) and the HTTP
     # path that answers once it is ready: what `forward` reaches and checks
+    # programs installed outside the env from their release archives (provision/tables/tools.yaml)
+    "tools": Check([str], lambda xs: next((f"{x!r}: no such tool (known: {', '.join(TOOLS)})"
+                                           for x in xs if x not in TOOLS), None)),
     "serve": {"port": Check(int, v.port), "check": Check(str, lambda x: None if x.startswith("/")
                                                          else f"{x!r}: a path, e.g. /v1/models")},
 }
@@ -118,12 +126,16 @@ class Mirrors:
     conda_channels: tuple[str, ...] = ("conda-forge",)
     pypi: tuple[str, ...] = ("https://pypi.org/simple",)
     pytorch: tuple[str, ...] = ("https://download.pytorch.org/whl",)
+    # ollama.com/download is what Ollama's docs/linux.mdx and scripts/install.sh fetch from (it
+    # redirects to the GitHub release); the release's own URL is tried next
+    ollama: tuple[str, ...] = ("https://ollama.com/download",
+                               "https://github.com/ollama/ollama/releases/latest/download")
     timeout: int = 10  # seconds a mirror has to answer before the next one listed is tried
 
     def merged(self, overrides: Mapping[str, Any] | None) -> Mirrors:
         if not overrides:
             return self
-        listed = {"miniconda", "pypi", "pytorch", "conda_channels"}
+        listed = {"miniconda", "pypi", "pytorch", "ollama", "conda_channels"}
         clean: dict[str, Any] = {
             k: (tuple(x) if isinstance(x, list) else (x,) if k in listed else x)
             for k, x in overrides.items() if x is not None}
@@ -201,6 +213,7 @@ class Recipe:
     validation: Mapping[str, float] = field(default_factory=dict)
     job: tuple[str, ...] = ()  # what `run` starts when no command is given
     serve: Serve | None = None  # the port job: serves on, for `forward`
+    tools: tuple[str, ...] = ()  # programs installed from release archives (ollama)
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,11 @@ Everything of ours on a host lives in ``~/.gpu-provision`` (``STATE``) of the lo
 - ``jobs/<id>/``: one folder per job (provision/jobs); ``autostop/``: the watchdog's state
   (where the platform has persistent storage, ``<storage>/.gpu-provision/hosts/<hostname>/
   autostop`` instead, named by ``autostop-dir``: provision/money/autostop.py);
-- ``tools/``: our uv; ``index/``: what the mirrors served; ``env``: pushed tokens (0600);
-  ``expected.json``: what ``verify`` checks the host against; ``venv/``: a venv over the image's
-  system python, where its torch is used as it is (ops/layout.py).
+- ``tools/``: our uv, and the programs a recipe's ``tools:`` unpacks (``tools/ollama/``);
+  ``bin/``: links to those programs, on PATH in logins, ``shell`` and jobs; ``index/``: what
+  the mirrors served; ``env``: pushed tokens (0600); ``expected.json``: what ``verify`` checks
+  the host against; ``venv/``: a venv over the image's system python, where its torch is used
+  as it is (ops/layout.py).
 
 Python code builds paths with ``rel`` (relative to the home, for commands and SFTP) and
 ``shown`` (``~/...``, for messages); templates receive ``host`` (``CONTRACT``) when rendered
@@ -48,6 +50,7 @@ class Contract:
     jobs: str = f"{STATE}/jobs"
     autostop: str = f"{STATE}/autostop"
     tools: str = f"{STATE}/tools"
+    bin: str = f"{STATE}/bin"
     index: str = f"{STATE}/index"
     env_file: str = f"{STATE}/env"
     expected: str = f"{STATE}/expected.json"

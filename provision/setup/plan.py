@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config.inventory import Settings
 from ..config.minimums import shortfalls
-from ..config.recipes import Platform
+from ..config.recipes import TOOLS, Platform
 from ..errors import NoWheelError, ProvisionError
 from ..facts.host import HostFacts, cc_from_name
 from ..ops import driver as driver_ops
@@ -23,6 +23,7 @@ from ..ops.layout import Layout, env_ready, find_env, place
 from ..ops.privilege import THROUGH_SUDO, cannot_text, for_login
 from ..ops.secrets import secrets_step
 from ..ops.step import Step, nothing
+from ..ops.tools import tool_steps
 from ..ops.torch import packages_step, torch_step
 from ..wheels.data import parse_compute_cap
 from ..wheels.rule import TorchChoice, torch_candidates
@@ -73,8 +74,9 @@ class Plan:
         }
 
 
-# steps whose change breaks a job under way: its env's files, its driver, a reboot
-UNDER_JOBS = ("driver", "reboot", "env", "torch", "packages")
+# steps whose change breaks a job under way: its env's files, its driver, a reboot, the program
+# a serving job runs (a tool's folder is swapped)
+UNDER_JOBS = ("driver", "reboot", "env", "torch", "packages", *TOOLS)
 
 
 def busy_with_jobs(facts: HostFacts, host: str, steps: list[Step]) -> str | None:
@@ -275,6 +277,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
         steps += [step, packages_step(facts, settings, lay, fresh_env=env.changes)]
     elif blocked:
         steps.append(nothing("torch", f"blocked: {blocked}"))
+    steps += tool_steps(facts, settings)  # outside the env: they need neither torch nor conda
     # validation runs after any change it checks, or when asked; otherwise it may be skipped
     steps.append(validate_ops.validate_step(facts, lay, settings, torch,
                                             always=revalidate or any(s.changes for s in steps)))

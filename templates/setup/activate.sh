@@ -2,6 +2,14 @@
 # Sourced by the login block bootstrap adds to ~/.bashrc and the login profile, and by `shell`.
 # POSIX sh (a profile is read by sh as well as bash), silent (scp and rsync read what a login
 # prints), and a no-op when the env is first on PATH already (.profile often sources .bashrc).
+# the programs a recipe's tools: installed (ollama) are linked in our bin folder: on PATH, after
+# the env (activated below, which puts its own bin first)
+if [ -d "$HOME/{{ host.bin }}" ]; then
+  case ":$PATH:" in
+    *":$HOME/{{ host.bin }}:"*) ;;
+    *) PATH="$HOME/{{ host.bin }}:$PATH"; export PATH;;
+  esac
+fi
 _gp_exp="$HOME/{{ host.expected }}"
 _gp_prefix="" _gp_root=""
 if [ -f "$_gp_exp" ]; then

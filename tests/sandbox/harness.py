@@ -539,7 +539,8 @@ def start(profile_name: str, password: str | None = None, reboot_delay: float = 
         "host": ip, "port": port, "user": user, "key": key,
         "notes": f"sandbox host {hid} ({profile['description'].strip()})",
         "mirrors": {"miniconda": mir["miniconda"], "pypi": mir["pypi"],
-                    "pytorch": mir["pytorch"], "conda_channels": [mir["conda"]]},
+                    "pytorch": mir["pytorch"], "ollama": mir["ollama"],
+                    "conda_channels": [mir["conda"]]},
         **profile.get("inventory", {}),
     }, sort_keys=False))
     (root / "info.json").write_text(json.dumps(asdict(info), indent=1))

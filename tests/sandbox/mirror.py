@@ -10,6 +10,8 @@
   say) is fetched from the upstream index (``$GPU_SANDBOX_UPSTREAM``, default PyPI) through the
   mirror itself, so hosts never need a route of their own;
 - ``/conda/``: an (empty) channel URL for ``.condarc``;
+- ``/ollama/``: Ollama's Linux release archives (``ollama-linux-amd64.tar.zst``, ``.tgz``) with a
+  small stand-in program in the real layout (``ollama_standin.py``);
 - ``/tampered/miniconda/``: the same index page, with the genuine sha256 of each installer, but
   installers altered on the way (a line appended), as a man in the middle or a broken CDN edge
   would serve them: a client that checks the published hash must refuse them;
@@ -109,6 +111,9 @@ class Content:
         self.indexes, self.links = _pip_config()
         self.miniconda = root / "miniconda"
         self.build_miniconda()
+        self.ollama = root / "ollama"
+        from .ollama_standin import build
+        build(self.ollama)
 
     def build_miniconda(self) -> None:
         self.miniconda.mkdir(parents=True, exist_ok=True)
@@ -465,6 +470,9 @@ class Handler(SimpleHTTPRequestHandler):
                          for n, ref in files]
                 return self.send_bytes(page(f"Links for {project}", links,
                                             self.metadata_hashes(files)))
+            if parts[:1] == ["ollama"] and len(parts) == 2:
+                f = c.ollama / parts[1]
+                return self.send_file(f) if f.is_file() else self.send_error(404)
             if parts[:1] == ["conda"]:
                 return self.send_bytes(b"{}", "application/json")
             if parts[:1] == ["health"]:
@@ -498,7 +506,7 @@ def _state_file() -> Path:
 
 def urls(base: str) -> dict[str, str]:
     return {"url": base, "miniconda": f"{base}/miniconda", "pytorch": f"{base}/pytorch",
-            "pypi": f"{base}/pypi/simple", "conda": f"{base}/conda",
+            "pypi": f"{base}/pypi/simple", "conda": f"{base}/conda", "ollama": f"{base}/ollama",
             "miniconda_tampered": f"{base}/tampered/miniconda"}
 
 

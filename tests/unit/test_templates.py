@@ -114,7 +114,9 @@ def test_every_template_is_covered() -> None:
                        # as root: tests/unit/test_as_root.py, tests/sandbox/test_logins.py
                        "remote/_as_root.sh.j2", "remote/as_root.sh.j2",
                        # the login block and shell: tests/unit/test_access.py
-                       "setup/_login.sh.j2", "setup/login_forget.sh.j2", "access/shell.sh.j2"}
+                       "setup/_login.sh.j2", "setup/login_forget.sh.j2", "access/shell.sh.j2",
+                       # a recipe's tools (ollama): tests/unit/test_tool_script.py
+                       "setup/tool.sh.j2", "setup/_fetch.sh.j2"}
 
 
 def test_bench_script_renders_and_runs_without_torch(cpu_host: HostFacts, http_servers: tuple[str, str],
