@@ -74,6 +74,7 @@ HEAVIEST_FIRST = (
     "sandbox/test_jobs.py",  # 124 s
     "sandbox/test_hands.py",  # 124 s
     "sandbox/test_gpu_bootstrap.py",  # 98 s
+    "sandbox/test_ollama.py",  # 66 s (one bootstrap with recipe ollama)
     "sandbox/test_meet_the_host.py",  # 89 s
     "sandbox/test_faults.py",  # 76 s
     "sandbox/test_installer.py",  # 72 s
