@@ -7,77 +7,145 @@ the host's pty turns it into SIGINT for whatever runs there, as plain ``ssh -t``
 code is the remote shell's.
 
 One command: no pty (as ``ssh host CMD``), stdout and stderr kept apart, this side's stdin
-passed on when it is not a terminal (``shell -- tar x < a.tar``).
+passed on when it is not a terminal (``shell -- tar x < a.tar``). Ctrl-C (SIGINT here) is sent
+on as SIGINT to the command's process group on the host: the SSH "signal" channel request (RFC
+4254 6.9; which servers act on it: ``relay.honours_signals``); where the server ignores it (a
+root login before OpenSSH 9.8, a forced command), a second session signals the group the script
+recorded. The command's exit code comes back (130 after SIGINT); a second Ctrl-C closes
+the session.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import select
 import signal
 import sys
 import termios
 import threading
+import time
 import tty
 from collections.abc import Sequence
+from typing import Any
 
+import paramiko
 from fabric import Connection
 
 from ..errors import ConnectionLost
 from ..remote.command import bash_script
+from ..remote.relay import send_signal
 from ..remote.templating import render
 from .channels import open_channel
 
 CHUNK = 1 << 16
+GRACE = 3.0  # seconds a signalled command has to end before the next way is tried
 
 
-def shell_script(data_dirs: Sequence[str], argv: Sequence[str] | None) -> str:
+def new_token() -> str:
+    """Names one ``shell -- CMD`` session's process-group file on the host."""
+    return secrets.token_hex(8)
+
+
+def shell_script(data_dirs: Sequence[str], argv: Sequence[str] | None, token: str = "") -> str:
     """What runs on the host: the env's activation (the same file bootstrap's login block
     sources), the data dir (the first of ``data_dirs`` that exists, else the home), then a login
-    shell or ``argv`` (words as given, never re-split)."""
+    shell or ``argv`` (words as given, never re-split). ``token``: names the file the command's
+    process group is written to (``new_token``)."""
     return render("access/shell.sh.j2", data_dirs=list(data_dirs),
                   argv=list(argv) if argv is not None else None,
-                  activate=render("setup/activate.sh"))
+                  activate=render("setup/activate.sh"), token=token or new_token())
+
+
+class Interrupter:
+    """What Ctrl-C does to a running ``shell -- CMD``: the first sends SIGINT through the
+    channel, then (the command still running after GRACE seconds, or at once where the server
+    ignores such requests) signals its process group from a second session; a second Ctrl-C, or
+    no end GRACE seconds after that, gives up. The command gets one SIGINT either way: a program
+    that saves its work on the first and quits on the second is not cut short."""
+
+    def __init__(self, conn: Connection, host: str, chan: paramiko.Channel, token: str):
+        self.conn, self.host, self.chan, self.token = conn, host, chan, token
+        self.deadline: float | None = None
+        self.tried_group = False
+
+    def interrupt(self) -> None:
+        if self.deadline is not None:  # the second Ctrl-C
+            raise KeyboardInterrupt
+        # through the keeper when the connection is kept; not sent where the server is known
+        # to ignore it (an OpenSSH before 9.8 and a root login): the group's turn at once
+        sent = send_signal(self.chan, "INT")
+        self.deadline = time.monotonic() + (GRACE if sent else 0)
+
+    def check(self) -> None:
+        """Called while waiting: the next way once the last one's time is up."""
+        if self.deadline is None or time.monotonic() < self.deadline:
+            return
+        if self.tried_group:
+            raise KeyboardInterrupt
+        self.tried_group = True
+        self.deadline = time.monotonic() + GRACE
+        side = open_channel(self.conn, self.host)
+        side.exec_command(bash_script(render("access/shell_signal.sh.j2", token=self.token,
+                                             signal="INT")).render())
+        side.recv_exit_status()
+        side.close()
 
 
 def _lost(host: str) -> ConnectionLost:
     return ConnectionLost(host, "the shell")
 
 
-def run_command(conn: Connection, host: str, script: str) -> int:
-    """Run ``script`` without a pty; stream its stdout and stderr here as they come; pass this
-    side's stdin on when it is a pipe or file. Returns its exit code."""
+def run_command(conn: Connection, host: str, script: str, token: str) -> int:
+    """Run ``script`` (made with ``token``) without a pty; stream its stdout and stderr here as
+    they come; pass this side's stdin on when it is a pipe or file. Returns its exit code.
+    Ctrl-C: see ``Interrupter``; KeyboardInterrupt when it gives up (the session closed)."""
     chan = open_channel(conn, host)
     chan.exec_command(bash_script(script).render())
+    stop = Interrupter(conn, host, chan, token)
     fd_in = sys.stdin.fileno() if sys.stdin is not None else -1
-    feeding = fd_in >= 0 and not os.isatty(fd_in)
-    if not feeding:
+    feeding = [fd_in >= 0 and not os.isatty(fd_in)]  # still passing this side's stdin on
+    if not feeding[0]:
         chan.shutdown_write()
+    while True:
+        try:
+            return _pump(chan, host, stop, fd_in, feeding)
+        except KeyboardInterrupt:
+            try:
+                stop.interrupt()
+            except KeyboardInterrupt:
+                chan.close()  # the host's sshd ends the session: its command loses its pipes
+                raise
+
+
+def _pump(chan: paramiko.Channel, host: str, stop: Interrupter, fd_in: int,
+          feeding: list[bool]) -> int:
+    """Stream until the command ends; returns its exit code. Called again after a Ctrl-C:
+    ``feeding`` keeps whether stdin is still passed on."""
     out, err = sys.stdout.buffer, sys.stderr.buffer
     try:
         while True:
-            ready, _, _ = select.select([chan, *([fd_in] if feeding else [])], [], [], 0.2)
+            waits: list[Any] = [chan, *([fd_in] if feeding[0] else [])]
+            ready, _, _ = select.select(waits, [], [], 0.2)
             while chan.recv_ready():
                 out.write(chan.recv(CHUNK))
                 out.flush()
             while chan.recv_stderr_ready():
                 err.write(chan.recv_stderr(CHUNK))
                 err.flush()
-            if feeding and fd_in in ready:
+            if feeding[0] and fd_in in ready:
                 data = os.read(fd_in, CHUNK)
                 if data:
                     chan.sendall(data)
                 else:
                     chan.shutdown_write()
-                    feeding = False
+                    feeding[0] = False
             if chan.exit_status_ready() and (chan.eof_received or chan.closed) and \
                     not chan.recv_ready() and not chan.recv_stderr_ready():
                 break
             if chan.closed and not chan.exit_status_ready():
                 raise _lost(host)
-    except KeyboardInterrupt:
-        chan.close()  # the host's sshd ends the session: its command loses its pipes
-        raise
+            stop.check()
     except OSError as exc:
         transport = chan.get_transport()
         if transport is None or not transport.is_active():
@@ -120,7 +188,11 @@ def interactive(conn: Connection, host: str, script: str) -> int:
         tty.setraw(fd_in)
         reading = True
         while True:
-            ready, _, _ = select.select([chan, *([fd_in] if reading else [])], [], [], 0.5)
+            try:
+                ready, _, _ = select.select([chan, *([fd_in] if reading else [])], [], [], 0.5)
+            except KeyboardInterrupt:  # SIGINT sent to us (the raw terminal sends no signal):
+                chan.sendall(b"\x03")  # passed on as the key, which the host's pty turns
+                continue               # into SIGINT for what runs there
             if chan in ready or chan.recv_ready():
                 data = chan.recv(CHUNK)
                 if not data:

@@ -36,14 +36,15 @@ def shell(c: Context) -> None:
         raise UsageError("shell: an interactive login needs a terminal (stdin and stdout); "
                          "for a script give the command: shell -- CMD ...")
     target = target_of(c)
-    script = sh.shell_script(log_dirs(target), argv)
+    token = sh.new_token()
+    script = sh.shell_script(log_dirs(target), argv, token)
     with opened([target], Store(), keep_log=False) as [s]:
         if argv is None:
             code = sh.interactive(s.ex.conn, target.name, script)
         else:
             try:
-                code = sh.run_command(s.ex.conn, target.name, script)
-            except KeyboardInterrupt:
+                code = sh.run_command(s.ex.conn, target.name, script, token)
+            except KeyboardInterrupt:  # a second Ctrl-C, or the command outlived both signals
                 raise Exit("interrupted: the command's session on the host was closed",
                            code=130) from None
     if code:

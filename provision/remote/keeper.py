@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import paramiko
 
 from . import relay
-from .relay import EOF, STATUS, STDERR, STDIN, STDOUT, WINDOW
+from .relay import EOF, SIGNAL, STATUS, STDERR, STDIN, STDOUT, WINDOW
 
 if TYPE_CHECKING:
     from ..config.inventory import Target
@@ -175,7 +175,10 @@ class Keeper:
                 if lost:
                     self.stopping = True
                 return
-            client.sendall(b'{"ok": true}\n')
+            # the server's banner and the login: whether it acts on signal requests
+            # (relay.honours_signals), as the command would read them from its own Transport
+            client.sendall(json.dumps({"ok": True, "server": self.transport.remote_version,
+                                       "user": self.transport.get_username()}).encode() + b"\n")
             if header["op"] in ("exec", "shell"):
                 _framed(chan, client)
             else:
@@ -210,6 +213,8 @@ def _framed(chan: paramiko.Channel, client: socket.socket) -> None:
                 elif kind == WINDOW:
                     cols, rows = json.loads(data)
                     chan.resize_pty(cols, rows)
+                elif kind == SIGNAL:
+                    relay.send_signal(chan, data.decode())
         except (OSError, ValueError, paramiko.SSHException):
             pass
         chan.close()  # the command went away: end what it ran (it alone)

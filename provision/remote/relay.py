@@ -10,13 +10,15 @@ error and whether the SSH connection behind it is gone). After that:
 - ``subsystem`` (SFTP) and ``direct-tcpip`` (forwards) carry the channel's bytes as they are;
 - ``exec`` and ``shell`` carry frames (one type byte, a 4-byte big-endian length, the bytes):
   ``o`` stdout, ``e`` stderr, ``x`` the exit status, from the keeper; ``i`` stdin, ``f`` end of
-  stdin, ``w`` a window size (JSON ``[cols, rows]``), from the command. Closing the Unix socket
+  stdin, ``w`` a window size (JSON ``[cols, rows]``), ``s`` a signal for the remote command (its
+  name: ``INT``), from the command. Closing the Unix socket
   closes the one channel it carries and nothing else.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import select
 import socket
 import struct
@@ -29,6 +31,48 @@ import paramiko
 
 HEADER = struct.Struct(">cI")
 STDOUT, STDERR, STATUS, STDIN, EOF, WINDOW = b"o", b"e", b"x", b"i", b"f", b"w"
+SIGNAL = b"s"
+
+
+def honours_signals(banner: str, user: str | None) -> bool | None:
+    """Does this server send a "signal" request on to the command? From its version banner
+    (``SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u10``) and the login; None: not known (try it).
+
+    OpenSSH acts on them since 7.9 (openssh-portable cd98925c, session.c
+    ``session_signal_req``), only for a session that runs in a post-auth privilege-separated
+    child: before 9.8 a root login had none (sshd.c ``privsep_postauth``: "root login",
+    ``use_privsep = 0``) and the request is refused ("session signalling requires privilege
+    separation"); 9.8 separates every login (sshd-session.c). Forced commands are refused in
+    every version, which no client can see beforehand."""
+    m = re.search(r"OpenSSH_(\d+)\.(\d+)", banner)
+    if m is None:
+        return None
+    version = (int(m.group(1)), int(m.group(2)))
+    if version < (7, 9):
+        return False
+    return not (user == "root" and version < (9, 8))
+
+
+def send_signal(chan: Any, name: str) -> bool:
+    """The SSH "signal" channel request (RFC 4254 6.9: the name without "SIG", no reply asked)
+    for a command's channel, direct or kept (then the keeper sends it). False, and nothing sent,
+    where the server is known to ignore it (``honours_signals``). paramiko has no call for it,
+    and a failed request that asked for a reply closes paramiko's channel."""
+    transport = chan.get_transport()
+    if honours_signals(getattr(transport, "remote_version", "") or "",
+                       transport.get_username()) is False:
+        return False
+    if isinstance(chan, RelayChannel):
+        chan._frame(SIGNAL, name.encode())  # noqa: SLF001 - the channel's own frame writer
+        return True
+    m = paramiko.Message()
+    m.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
+    m.add_int(chan.remote_chanid)
+    m.add_string("signal")
+    m.add_boolean(False)
+    m.add_string(name)
+    chan.transport._send_user_message(m)  # noqa: SLF001 - what paramiko's own requests call
+    return True
 
 
 class Gone(paramiko.SSHException):
@@ -111,11 +155,16 @@ class RelayTransport:
     def __init__(self, path: str, timeout: float, renew: Callable[[], str]):
         self.path, self.timeout, self.renew = path, timeout, renew
         self.active = True
+        self.remote_version = ""  # the server's banner, once the keeper has said it
+        self.username: str | None = None
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
 
     def is_active(self) -> bool:
         return self.active
+
+    def get_username(self) -> str | None:
+        return self.username
 
     def is_authenticated(self) -> bool:
         return self.active
@@ -134,6 +183,8 @@ class RelayTransport:
             if answer.get("ok") and sock is not None:
                 with self._lock:
                     self._open.add(sock)
+                self.remote_version = str(answer.get("server") or "")  # as paramiko names it
+                self.username = answer.get("user")
                 return sock
             if sock is not None:
                 sock.close()

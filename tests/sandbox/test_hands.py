@@ -146,6 +146,16 @@ def test_interactive_shell_through_a_pty(box: tuple[harness.HostInfo, str], gp_h
         assert out.endswith("rc=130") and not re.search(r"\nnot-interrupted", out)
         assert time.monotonic() - started < 10  # not the sleep's 30 s
         assert t.proc.poll() is None  # Ctrl-C went to the host, not to us
+        # SIGINT sent to the program itself (kill -INT, a terminal multiplexer): passed on as
+        # the key, so it interrupts what runs on the host and the login goes on
+        t.type("echo sleep-$((2+1)); sleep 30; echo not-interrupted\r")
+        t.expect(r"[\r\n]sleep-3\r\n")
+        time.sleep(0.5)
+        t.proc.send_signal(signal.SIGINT)
+        t.type("echo rc=$?\r")
+        out = t.expect(r"rc=\d+")
+        assert out.endswith("rc=130") and not re.search(r"\nnot-interrupted", out)
+        assert t.proc.poll() is None
         t.type("exit 5\r")
         assert t.proc.wait(30) == 5
     finally:
@@ -526,3 +536,101 @@ def test_symlinks_in_a_synced_folder(box: tuple[harness.HostInfo, str], gp_home:
     assert (back / "last.ckpt").read_bytes() == (ck / "epoch=9.ckpt").read_bytes()
     assert os.readlink(back / "logs") == "sub" and not os.path.lexists(back / "hostname")
     assert "hostname -> /etc/hostname" in r.stdout
+
+
+# --- shell -- CMD and Ctrl-C ------------------------------------------------------------------
+
+def _processes(*argv: str) -> list[int]:
+    """Pids whose argv is exactly ``argv`` (the sandbox hosts share this machine's pids)."""
+    want = ("\0".join(argv) + "\0").encode()
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and (p / "cmdline").read_bytes() == want:
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+def _until(check: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def _ctrl_c_shell_command(inv: str, home: Path, cwd: Path, seconds: str) -> tuple[int, float,
+                                                                                  Running]:
+    """`shell -- sleep SECONDS` (stdin not a terminal: no pty), SIGINT sent to our program once
+    the sleep runs on the host; (its exit code, seconds from SIGINT to its end, its output)."""
+    env = dict(os.environ, GPU_PROVISION_HOME=str(home), COLUMNS="200")
+    gp = Running([sys.executable, "-m", "provision", "-H", inv, "shell", "--", "sleep", seconds],
+                 env, cwd)
+    try:
+        _until(lambda: _processes("sleep", seconds), 60, f"sleep {seconds} never started: "
+               f"{gp.err}")
+        started = time.monotonic()
+        gp.proc.send_signal(signal.SIGINT)
+        code = gp.proc.wait(30)
+        return code, time.monotonic() - started, gp
+    finally:
+        if gp.proc.poll() is None:
+            gp.proc.kill()
+
+
+def _sshd_log(info: harness.HostInfo) -> str:
+    log = Path(info.root) / "upper/var/log/gpu-sandbox-sshd.log"
+    return log.read_text(errors="replace") if log.exists() else ""
+
+
+ALICE = {"user": "alice", "uid": 2003, "sudo": False}
+
+
+def test_ctrl_c_reaches_the_command_through_sshd(hosts: Hosts, gp_home: Path,
+                                                 tmp_path: Path) -> None:
+    """A login that is not root: the host's sshd (OpenSSH 9.2, post-auth privilege separated)
+    acts on the SSH "signal" request and sends SIGINT to the command's process group; the
+    command is gone at once and the exit code says so (130 = 128 + SIGINT)."""
+    info = hosts.fresh("cpu-only", login=ALICE)
+    try:
+        code, took, gp = _ctrl_c_shell_command(info.inventory, gp_home, tmp_path, "6017")
+        assert code == 130, gp.err
+        assert took < 2.5, took  # the signal itself, not the second session GRACE later
+        _until(lambda: not _processes("sleep", "6017"), 10, "the sleep outlived Ctrl-C")
+        # nothing to say: the command ended, its code came back, as with plain ssh
+        assert not any("interrupted" in line for line in gp.err), gp.err
+        assert "signal" not in _sshd_log(info)  # no refusal
+    finally:
+        harness.stop(info.id)
+
+
+def test_ctrl_c_as_root_where_sshd_refuses_signals(box: tuple[harness.HostInfo, str],
+                                                   gp_home: Path, tmp_path: Path) -> None:
+    """root on OpenSSH 9.2: sshd refuses signal requests for root logins before 9.8, so the
+    command's process group is signalled from a second session at once (no request sent)."""
+    info, inv = box
+    code, took, gp = _ctrl_c_shell_command(inv, gp_home, tmp_path, "6018")
+    assert code == 130, gp.err
+    assert took < 2.5, took
+    _until(lambda: not _processes("sleep", "6018"), 10, "the sleep outlived Ctrl-C")
+    assert "session signalling requires privilege separation" not in _sshd_log(info)
+    assert not list(info.path("/root/.gpu-provision/shells").iterdir())  # its note removed
+
+
+def test_ctrl_c_where_sshd_refuses_the_signal_request(hosts: Hosts, gp_home: Path,
+                                                      tmp_path: Path) -> None:
+    """A key with a forced command (authorized_keys command="..."): sshd refuses the signal
+    request (session.c session_signal_req, any version), which the client cannot know before;
+    a few seconds later the command's process group is signalled from a second session."""
+    info = hosts.fresh("cpu-only", login=ALICE)
+    try:
+        keys = info.path("/home/alice/.ssh/authorized_keys")
+        keys.write_text(f'command="eval \\"$SSH_ORIGINAL_COMMAND\\"" {keys.read_text()}')
+        code, took, gp = _ctrl_c_shell_command(info.inventory, gp_home, tmp_path, "6019")
+        assert code == 130, gp.err
+        assert 2.5 < took < 10, took  # the request's GRACE, then the second session
+        _until(lambda: not _processes("sleep", "6019"), 10, "the sleep outlived Ctrl-C")
+        assert "refusing to send signal INT to forced-command session" in _sshd_log(info)
+    finally:
+        harness.stop(info.id)

@@ -248,3 +248,20 @@ def test_a_serve_entry_needs_its_port(tmp_path: Path) -> None:
     (tmp_path / "recipes" / "srv.yaml").write_text("serve:\n  port: 8000\n  check: health\n")
     with pytest.raises(ConfigError, match="a path, e.g. /v1/models"):
         load_recipe("srv", tmp_path)
+
+
+@pytest.mark.parametrize("banner,user,honoured", [
+    ("SSH-2.0-OpenSSH_7.4", "alice", False),  # CentOS 7: before signal requests existed
+    ("SSH-2.0-OpenSSH_7.9p1 Debian-10+deb10u2", "alice", True),
+    ("SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u10", "root", False),  # root: no post-auth privsep
+    ("SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u10", "ubuntu", True),
+    ("SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13.5", "root", False),
+    ("SSH-2.0-OpenSSH_9.8", "root", True),
+    ("SSH-2.0-OpenSSH_10.0", "root", True),
+    ("SSH-2.0-dropbear_2022.83", "root", None),  # not known: sent, and the fallback behind it
+    ("", None, None),
+])
+def test_which_servers_act_on_signal_requests(banner: str, user: str | None,
+                                              honoured: bool | None) -> None:
+    from provision.remote.relay import honours_signals
+    assert honours_signals(banner, user) is honoured

@@ -116,7 +116,9 @@ def test_every_template_is_covered() -> None:
                        # the login block and shell: tests/unit/test_access.py
                        "setup/_login.sh.j2", "setup/login_forget.sh.j2", "access/shell.sh.j2",
                        # a recipe's tools (ollama): tests/unit/test_tool_script.py
-                       "setup/tool.sh.j2", "setup/_fetch.sh.j2"}
+                       "setup/tool.sh.j2", "setup/_fetch.sh.j2",
+                       # Ctrl-C where sshd ignores signal requests: tests/sandbox/test_hands.py
+                       "access/shell_signal.sh.j2"}
 
 
 def test_bench_script_renders_and_runs_without_torch(cpu_host: HostFacts, http_servers: tuple[str, str],
