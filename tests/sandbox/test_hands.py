@@ -634,3 +634,61 @@ def test_ctrl_c_where_sshd_refuses_the_signal_request(hosts: Hosts, gp_home: Pat
         assert "refusing to send signal INT to forced-command session" in _sshd_log(info)
     finally:
         harness.stop(info.id)
+
+
+# --- an address nothing answers ---------------------------------------------------------------
+
+# A network namespace whose only way out is a gateway that swallows every packet (a veth pair,
+# the gateway's MAC pinned so no ARP is asked): a SYN to 10.255.255.1 leaves and nothing ever
+# comes back, as on a real network where an address is routed nowhere.
+BLACKHOLE = ("ip link set lo up && ip link add v0 type veth peer name v1 && ip link set v0 up && "
+             "ip link set v1 up && ip addr add 192.0.2.1/24 dev v0 && "
+             "ip route add default via 192.0.2.254 dev v0 && "
+             "ip neigh add 192.0.2.254 lladdr 02:00:00:00:00:01 dev v0 nud permanent && "
+             'exec "$@"')
+
+
+needs_netns = pytest.mark.skipif(shutil.which("ip") is None or shutil.which("unshare") is None,
+                                 reason="needs iproute2 and unshare (make system-deps)")
+
+
+def _connect_in_blackhole(host: str, limit: int, home: Path, cwd: Path) -> tuple[str, float]:
+    """`facts` against ``host`` from inside the namespace: (its one error line, seconds run)."""
+    argv = [sys.executable, "-m", "provision", "-H", f"root@{host}", "-i",
+            str(harness.client_key()), "-t", str(limit), "facts"]
+    env = dict(os.environ, GPU_PROVISION_HOME=str(home), COLUMNS="200")
+    started = time.monotonic()
+    r = subprocess.run(["unshare", "--net", "bash", "-c", BLACKHOLE, "blackhole", *argv],
+                       capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
+    took = time.monotonic() - started
+    assert r.returncode == 1, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    return line, took
+
+
+@needs_netns
+@pytest.mark.parametrize("limit", [2, 4])
+def test_an_unroutable_address_is_a_timeout_of_the_wait_it_was(gp_home: Path, tmp_path: Path,
+                                                               limit: int) -> None:
+    line, took = _connect_in_blackhole("10.255.255.1", limit, gp_home, tmp_path)
+    m = re.fullmatch(r"error: root@10\.255\.255\.1:22: timeout: no answer from 10\.255\.255\.1:22 "
+                     r"(within|after) (\d+)s .*", line)
+    assert m, line
+    said = int(m.group(2))
+    # the seconds it names are the wait there was: at least that long, and the rest of the run
+    # (the program's start, under load) is the difference
+    assert said == limit and said <= took < said + 4, (line, took)
+
+
+@needs_netns
+def test_an_address_on_the_link_that_nobody_has_is_no_route_after_the_wait(
+        gp_home: Path, tmp_path: Path) -> None:
+    """192.0.2.77 is on the namespace's own link and nobody answers ARP for it: the kernel gives
+    up after its neighbour probes (about 3 s, EHOSTUNREACH), well before -t 20: the message
+    names that wait, not -t, and says it is no route rather than a refusal."""
+    line, took = _connect_in_blackhole("192.0.2.77", 20, gp_home, tmp_path)
+    m = re.fullmatch(r"error: root@192\.0\.2\.77:22: unreachable: no route to 192\.0\.2\.77:22 "
+                     r"after (\d+)s \(.*", line)
+    assert m, line
+    said = int(m.group(1))
+    assert 1 <= said <= took < 20 and took < said + 4, (line, took)
