@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-RECIPES = "known: llm-finetune, pytorch, vllm, yolov8"
+RECIPES = "known: llm-finetune, ollama, pytorch, vllm, yolov8"
 PLATFORMS = "known: autodl, china, generic-vm, lambda, runpod, vast"
 GPU_CLAIM = ("is not a GPU claim: write the model as nvidia-smi names it, then x and the count, "
              "e.g. 'RTX 4090 x2' (x1 when there is one)")
