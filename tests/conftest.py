@@ -158,8 +158,14 @@ def gp_home(tmp_path: Path) -> Path:
 def gpu_provision(*args: str, home: Path, cwd: Path | None = None,
                   env: dict[str, str] | None = None, timeout: int = 300
                   ) -> subprocess.CompletedProcess[str]:
-    """Run the real program as a user would (a separate process)."""
-    e = dict(os.environ, GPU_PROVISION_HOME=str(home), COLUMNS="200", **(env or {}))
+    """Run the real program as a user would (a separate process). Given a ``cwd``, the test's
+    logs/ and reports/ are kept in it (``--workdir``'s variable), where the test reads them;
+    without one they go to ``home`` (``$GPU_PROVISION_HOME`` holds them); ``env`` may set
+    GPU_PROVISION_WORKDIR itself ("" for the default rule)."""
+    e = dict(os.environ, GPU_PROVISION_HOME=str(home), COLUMNS="200")
+    if cwd is not None:
+        e["GPU_PROVISION_WORKDIR"] = str(cwd)
+    e.update(env or {})
     return subprocess.run([sys.executable, "-m", "provision", *args], capture_output=True,
                           text=True, cwd=str(cwd or ROOT), env=e, timeout=timeout)
 

@@ -38,7 +38,7 @@ def shell(c: Context) -> None:
     target = target_of(c)
     token = sh.new_token()
     script = sh.shell_script(log_dirs(target), argv, token)
-    with opened([target], Store(), keep_log=False) as [s]:
+    with opened([target], Store.here(), keep_log=False) as [s]:
         if argv is None:
             code = sh.interactive(s.ex.conn, target.name, script)
         else:
@@ -65,7 +65,7 @@ def forward(c: Context, ports: str, job: str | None = None, check: str | None = 
         {serve.port: serve.check} if serve is not None and serve.check else {}
     bound = fwd.bind_all(specs)  # before connecting: a busy port is known at once
     try:
-        with opened([target], Store(), keep_log=False) as [s]:
+        with opened([target], Store.here(), keep_log=False) as [s]:
             forwarder = fwd.Forwarder(s.ex.conn, target.name, bound, _notify, checks)
             _show(target, bound, json_)
             forwarder.start()
@@ -173,7 +173,7 @@ def forget_login(c: Context, json_: bool = False) -> None:
     from ..ops.login import forget_login_step
     from ..setup.engine import run_step
     target = target_of(c)
-    with opened([target], Store()) as [s]:
+    with opened([target], Store.here()) as [s]:
         removed = str(run_step(s.ex, forget_login_step(), s.run, output.console).data or "")
     if json_:
         output.print_json({"host": target.name, "removed": removed.split() if removed else []})

@@ -163,7 +163,7 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
     asked = parse_gpus(gpus)
     given = check_name(name) if name else None
     folder = None if no_code else code_folder(code)
-    store = Store()
+    store = Store.here()
     # the handshake goes on while the job is made ready to send: run costs about one bare ssh
     with connecting(targets, store) as connected:
         first = settings_for(targets[0], None)
@@ -280,7 +280,7 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
     """The `logs` task's body; its help is in provision/tasks_jobs.py."""
     check_ref(job)
     targets = targets_of(c, hosts)
-    store = Store()
+    store = Store.here()
     many = len(targets) > 1
     lock = threading.Lock()
     codes: list[int | None] = []
@@ -350,7 +350,7 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
 def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None = None) -> None:
     """The `jobs` task's body; its help is in provision/tasks_jobs.py."""
     targets = targets_of(c, hosts)
-    store = Store()
+    store = Store.here()
 
     def one(target: Target) -> HostJobs:
         with opened([target], store, keep_log=False) as [s]:  # read-only: no run folder
@@ -388,7 +388,7 @@ def kill(c: Context, job: str, grace: int = 10, hosts: str | None = None,
     if grace < 0:
         raise UsageError("--grace: seconds, 0 or more")
     targets = targets_of(c, hosts)
-    store = Store()
+    store = Store.here()
 
     def one(target: Target) -> dict[str, Any]:
         with opened([target], store) as [s]:
@@ -415,7 +415,7 @@ def watch(c: Context, once: bool = False, json_: bool = False, interval: int = 2
     names = [t.name for t in targets]
     monitor = Monitor(idle_minutes=idle_minutes)
     lock = threading.Lock()
-    store = Store()
+    store = Store.here()
     count = 1 if once else max(0, samples)
     live_sessions: list[Session] = []
 

@@ -72,7 +72,8 @@ class GpuProvision(Program):
         kept = [a for a in super().core_args() if a.name not in DROPPED]
         workdir = Argument(names=("workdir",),
                            help="folder that holds logs/ and reports/ (default "
-                                "$GPU_PROVISION_WORKDIR, else the current folder)")
+                                "$GPU_PROVISION_WORKDIR, else $GPU_PROVISION_HOME, else "
+                                "~/.local/state/gpu-provision: $XDG_STATE_HOME/gpu-provision)")
         keep = Argument(names=("keep",), kind=int,
                         help="seconds a host's connection is kept open for the next command "
                              "(default $GPU_PROVISION_KEEP, else the inventory's keep:, else "
@@ -126,7 +127,7 @@ class GpuProvision(Program):
         if workdir:
             if os.path.exists(workdir) and not os.path.isdir(workdir):
                 raise Exit(f"error: --workdir {workdir}: not a folder", code=EXIT_USAGE)
-            os.environ["GPU_PROVISION_WORKDIR"] = workdir  # read by store.Store()
+            os.environ["GPU_PROVISION_WORKDIR"] = workdir  # read by store.Store.here()
         keep = 0 if self.args["no-keep"].value else self.args.keep.value
         if keep is not None:
             if not 0 <= keep <= 86400:

@@ -253,7 +253,7 @@ def session_of(c: Any) -> AbstractContextManager[Session]:
     prepare(target, known_hosts_path(), target.connect_timeout or default_timeout())
     from ..setup.session import session
     from ..store import Store
-    return session(target, Store(), notify)
+    return session(target, Store.here(), notify)
 
 
 def overrides(**given: str | None) -> Overrides:

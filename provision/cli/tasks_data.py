@@ -68,7 +68,7 @@ def sync(c: Context, direction: str, src: str, dest: str | None = None,
         raise UsageError("--links-as-files: with `sync up` (the host's links arrive as links)")
     opts = data_sync.Options(tuple(exclude or ()), delete, dry_run, transport,
                              links_as_files=links_as_files)
-    store = Store()
+    store = Store.here()
     target = target_of(c)
     with data_sync.early_link(target, "sftp" if dry_run else transport) as link, \
             session(target, store, _notify) as s:
@@ -157,7 +157,7 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
             instance_id=instance_id, util_max=gpu_util, mem_max_mib=gpu_mem,
             stop_wait=parse_duration(stop_wait, "--stop-wait"))
         autostop_mod.validate(req)
-    with session(target, Store(), _notify) as s:
+    with session(target, Store.here(), _notify) as s:
         if cancel:
             removed = autostop_mod.cancel(s.ex)
             if json_:
@@ -220,7 +220,7 @@ def cost(c: Context, json_: bool = False) -> None:
     from ..ui import console as output
 
     target = target_of(c)
-    with session(target, Store(), _notify) as s:
+    with session(target, Store.here(), _notify) as s:
         s.ex.log_dir = None  # read-only: no run folder
         p = cost_mod.probe(s.ex)
     price, currency = cost_mod.price_of(target.settings)
@@ -245,8 +245,10 @@ def prune(c: Context, older: str = "7d", dry_run: bool = False, json_: bool = Fa
     from ..store import Store
     from ..ui import console as output
 
-    store = Store()
+    store = Store.here()
     gone = store.prune(parse_duration(older, "--older"), dry_run=dry_run)
+    if (moved := store.moved_note()) is not None:  # pruned where new ones go, not there
+        _notify(moved)
     if json_:
         output.print_json({"removed": [str(p) for p in gone], "dry_run": dry_run})
         return

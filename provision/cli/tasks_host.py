@@ -173,12 +173,12 @@ def verify(c: Context, junit: str | None = None) -> None:
     from ..verify.run import run_suite
 
     target = target_of(c)
-    path = Path(junit) if junit else Store().report_path(target.name, "verify", ext="xml")
+    path = Path(junit) if junit else Store.here().report_path(target.name, "verify", ext="xml")
     # every check's command goes through the executor (verify/conftest.py), and testinfra's
     # paramiko client is the connection's own: a kept one serves it like any other command
     conn = connect(target, notify=_notify)
     try:
-        ex = Executor(conn, target.name, log_dir=Store().run_logs(target.name, run_id()))
+        ex = Executor(conn, target.name, log_dir=Store.here().run_logs(target.name, run_id()))
         # what the suite checks against is written by bootstrap's validation: without it every
         # check would fail with the same complaint
         seen = ex.run(
@@ -224,7 +224,9 @@ def doctor(c: Context, log: list[str] | None = None, job: str | None = None,
         raise UsageError("doctor --job reads the job's log on its host: give it with -H")
     if has_host(c):
         host = target_of(c).name
-        store = Store()
+        store = Store.here()
+        if (moved := store.moved_note()) is not None:
+            _notify(moved)
         report, logs = store.last_report(host), store.last_logs(host)  # before this run's own
         with _session(c) as s:
             f = s.facts(step_logs=True)

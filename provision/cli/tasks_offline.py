@@ -32,7 +32,9 @@ def compare(c: Context, report: list[str] | None = None, html: str | None = None
     from ..store import Store
 
     resolve_sort([], sort)  # a bad --sort is refused before anything is read
-    store = Store()
+    store = Store.here()
+    if (moved := store.moved_note()) is not None:
+        notify(moved)
     loaded = find_reports(store, report or [])
     table = rows(loaded, price_of, sort)
     notes = sorted({r["published"] for _, r in loaded if r.get("published")})

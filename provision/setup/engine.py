@@ -142,7 +142,7 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
     rest of the plan is made anew from them. ``run``: the session's run id, so the host's
     journal, the local logs and the reports of one command carry the same one."""
     console = console or output.console
-    store = store or Store()
+    store = store or Store.here()
     if plan.blocked:
         raise ProvisionError(f"{plan.host}: {plan.blocked}")
     run = run or run_id()

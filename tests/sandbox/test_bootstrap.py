@@ -41,7 +41,8 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
                                   "bootstrap"], cwd=tmp_path, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True,
                                  env={**os.environ,
-                                      "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"})
+                                      "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200",
+                                      "GPU_PROVISION_WORKDIR": str(tmp_path)})
         wait_until(lambda: owner.exists() and "step torch" in owner.read_text()
                    and gate.holding(), "the torch step never started downloading", first)
         second = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path)
@@ -158,7 +159,8 @@ def test_dropped_connection_during_pip_then_reattach(hosts: Hosts, gp_home: Path
     try:
         path = info.inventory_with_mirrors(tmp_path / "via-proxy.yaml", {"pytorch": gate.url},
                                            host="127.0.0.1", port=proxy.port)
-        env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"}
+        env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200",
+               "GPU_PROVISION_WORKDIR": str(tmp_path)}
         first = subprocess.Popen([sys.executable, "-m", "provision", "-H", path, "bootstrap"],
                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, env=env)

@@ -78,7 +78,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_cut(inventory: str, home: Path, cwd: Path, args: list[str], dest: Path,
             at_bytes: int, proxy: TcpProxy) -> subprocess.CompletedProcess[str]:
     """Start a sync, cut the link once ``at_bytes`` have landed under ``dest`` on the host."""
-    env = {**os.environ, "GPU_PROVISION_HOME": str(home), "COLUMNS": "200"}
+    env = {**os.environ, "GPU_PROVISION_HOME": str(home), "COLUMNS": "200",
+           "GPU_PROVISION_WORKDIR": str(cwd)}
     proc = subprocess.Popen([sys.executable, "-m", "provision", "-H", inventory, *args],
                             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)

@@ -132,7 +132,8 @@ def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: P
     gate = Gate(info.id)  # the install stays mid-download until the reboot has killed it
     inv = info.inventory_with_mirrors(tmp_path / "gated" / Path(info.inventory).name,
                                       {"pytorch": gate.url})
-    env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"}
+    env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200",
+           "GPU_PROVISION_WORKDIR": str(tmp_path)}
     pidf = info.path("/root/.gpu-provision/steps/torch.pid")
 
     def start() -> subprocess.Popen[str]:

@@ -477,14 +477,23 @@ def test_demo_runs_again_over_the_pin_its_last_run_left(box: tuple[harness.HostI
 
 def test_read_only_tasks_write_no_run_folder(box: tuple[harness.HostInfo, str], gp_home: Path,
                                              tmp_path: Path) -> None:
+    """Logs and reports go to one folder of ours (here $GPU_PROVISION_HOME, as the default rule
+    has it), never the current folder (a training repo); tasks that only read write none."""
     _, inv = box
     cwd = tmp_path / "repo"
     cwd.mkdir()
+    default = {"GPU_PROVISION_WORKDIR": ""}  # the rule, not the tests' own folder
     for task in (["jobs", "--json"], ["cost", "--json"], ["watch", "--once", "--json"],
-                 ["shell", "--", "true"], ["ssh-config"]):
-        r = gpu_provision("-H", inv, *task, home=gp_home, cwd=cwd)
+                 ["shell", "--", "true"], ["ssh-config"], ["keepers", "--json"]):
+        r = gpu_provision("-H", inv, *task, home=gp_home, cwd=cwd, env=default)
         assert r.returncode == 0, (task, r.stderr)
         assert list(cwd.iterdir()) == [], task
+        assert not (gp_home / "logs").exists() and not (gp_home / "reports").exists(), task
+    # a task that does write one: in our folder, not here
+    r = gpu_provision("-H", inv, "facts", "--json", home=gp_home, cwd=cwd, env=default)
+    assert r.returncode == 0, r.stderr
+    assert list(cwd.iterdir()) == []
+    assert [p.name for p in (gp_home / "logs" / "box").iterdir()] != []
 
 
 @pytest.mark.parametrize("transport", ["sftp", "rsync"])

@@ -80,6 +80,7 @@ class Gp:
     def popen(self, *args: str) -> subprocess.Popen[str]:
         # faulthandler: a reader that hangs prints where each of its threads stood (rest_of)
         env = dict(os.environ, GPU_PROVISION_HOME=str(self.home), COLUMNS="200",
+                   GPU_PROVISION_WORKDIR=str(self.cwd),
                    PYTHONFAULTHANDLER="1")
         return subprocess.Popen([sys.executable, "-m", "provision", *args], cwd=self.cwd, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -103,6 +103,7 @@ def test_old_cuda_torch_without_the_gpus_arch_shows_the_replacement_and_its_comm
                                   "bootstrap"], cwd=tmp_path, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True,
                                  env={**os.environ, "GPU_PROVISION_HOME": str(gp_home),
+                                      "GPU_PROVISION_WORKDIR": str(tmp_path),
                                       "COLUMNS": "200"})
         log = info.path("/root/.gpu-provision/logs/torch.log")
         # into our env, with its python, from the mirror's cu130 index, by our uv (the

@@ -104,9 +104,11 @@ def test_installed_wheel_runs_from_any_folder(installed: Installed, hosts: Hosts
         b = installed.run("-H", inv, "bootstrap")
         assert b.returncode == 0, b.stdout + b.stderr
         assert "verdict: PASS" in b.stdout
-        [report] = (installed.cwd / "reports" / info.id).glob("validate-*.json")
+        # logs and reports in our folder ($GPU_PROVISION_HOME here), none where it ran
+        [report] = (installed.home / "reports" / info.id).glob("validate-*.json")
         assert json.loads(report.read_text())["torch"] == "2.13.0+cpu"
-        [torch_log] = (installed.cwd / "logs" / info.id).glob("*/torch.log")
+        assert not (installed.cwd / "reports").exists()
+        [torch_log] = (installed.home / "logs" / info.id).glob("*/torch.log")
         assert " + torch==2.13.0+cpu\n" in torch_log.read_text()
 
         ok = installed.run("-H", inv, "verify", "--junit", "verify.xml")

@@ -145,7 +145,15 @@ def _compare(cwd: Path, *args: str, hide_matplotlib: bool = False
     code = (f"import sys; {hide}sys.argv = ['gpu-provision', 'compare', *sys.argv[1:]]; "
             "from provision.cli.main import main; main()")
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120, env={**os.environ, "COLUMNS": "200"})
+                          cwd=cwd, timeout=120, env=_state_env(cwd))
+
+
+def _state_env(cwd: Path) -> dict[str, str]:
+    """The user's environment with the default rule for logs/ and reports/: the XDG state
+    folder, here under ``cwd``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GPU_PROVISION_HOME", "GPU_PROVISION_WORKDIR")}
+    return {**env, "COLUMNS": "200", "XDG_STATE_HOME": str(cwd / "xdg-state")}
 
 
 def test_compare_prints_its_table_without_the_chart_extra(tmp_path: Path) -> None:
@@ -157,6 +165,8 @@ def test_compare_prints_its_table_without_the_chart_extra(tmp_path: Path) -> Non
 
 
 def test_compare_published_adds_to_yours_and_sorts_by_the_column_it_names(tmp_path: Path) -> None:
+    """Yours: here a bench report in the old place (reports/ in the current folder, from before
+    reports moved to the state folder): still read, and said so in one line."""
     mine = json.loads(next(PUBLISHED.glob("*.json")).read_text())
     mine.update(host="my-box", published=None, tflops={"bf16": 2000.0}, price_per_hour=9.0)
     (tmp_path / "reports" / "my-box").mkdir(parents=True)
@@ -164,6 +174,10 @@ def test_compare_published_adds_to_yours_and_sorts_by_the_column_it_names(tmp_pa
     r = _compare(tmp_path, "--report", "published", "--json")
     hosts = [row["host"] for row in json.loads(r.stdout)]
     assert "my-box" in hosts and any("(published)" in h for h in hosts), r.stderr
+    assert r.stderr.strip() == (
+        f"logs/ and reports/ in {tmp_path} are from before they moved to "
+        f"{tmp_path / 'xdg-state' / 'gpu-provision'} (the XDG state folder): still read; new ones "
+        "go there (move the old ones into it to keep one place)")
     r = _compare(tmp_path, "--report", "published", "--sort", "tflops", "--json")
     tflops = [row["tflops"] for row in json.loads(r.stdout)]
     assert tflops == sorted(tflops, reverse=True) and tflops[0] == 2000.0
@@ -176,10 +190,14 @@ def test_compare_published_adds_to_yours_and_sorts_by_the_column_it_names(tmp_pa
 
 
 def test_prune_removes_old_runs_and_reports_but_each_hosts_newest(tmp_path: Path) -> None:
+    """In the state folder (the default rule); an old place in the current folder is left as it
+    is, and named."""
     from provision.store import run_id
     day = 86400.0
     now = time.time()
     old, older, fresh = run_id(now - 10 * day), run_id(now - 20 * day), run_id(now - 3600)
+    cwd, tmp_path = tmp_path, tmp_path / "xdg-state" / "gpu-provision"
+    (cwd / "logs" / "box" / older).mkdir(parents=True)  # the old place: not ours to prune now
     for run in (old, older):
         (tmp_path / "logs" / "box" / run).mkdir(parents=True)
         (tmp_path / "logs" / "box" / run / "conda.log").write_text("$ ...\n")
@@ -191,8 +209,11 @@ def test_prune_removes_old_runs_and_reports_but_each_hosts_newest(tmp_path: Path
                  f"link-{old}.json", f"link-{older}.json"):
         (reports / name).write_text("{}")
     r = subprocess.run([sys.executable, "-m", "provision", "prune", "--older", "7d", "--json"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+                       capture_output=True, text=True, cwd=cwd, timeout=60, env=_state_env(cwd))
     assert r.returncode == 0, r.stderr
+    assert (cwd / "logs" / "box" / older).is_dir()
+    assert r.stderr.strip().startswith(f"logs/ and reports/ in {cwd} are from before they moved "
+                                       f"to {tmp_path} (the XDG state folder): still read;")
     gone = sorted((tmp_path / p).relative_to(tmp_path).as_posix()
                   for p in json.loads(r.stdout)["removed"])
     assert gone == sorted([f"logs/box/{old}", f"logs/box/{older}",
@@ -203,6 +224,48 @@ def test_prune_removes_old_runs_and_reports_but_each_hosts_newest(tmp_path: Path
     assert {f"reports/box/validate-{fresh}.json", f"reports/box/bench-{older}.json",
             f"reports/box/link-{old}.json"} <= set(left)
     r = subprocess.run([sys.executable, "-m", "provision", "prune", "--older", "soon"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+                       capture_output=True, text=True, cwd=cwd, timeout=60, env=_state_env(cwd))
     assert (r.returncode, r.stderr.strip()) == (2, "error: --older 'soon': not a duration; write "
                                                 "e.g. 30m, 90s, 1h30m")
+
+
+def test_logs_and_reports_have_one_folder_of_ours(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """--workdir (its variable) beats $GPU_PROVISION_HOME beats $XDG_STATE_HOME/gpu-provision
+    beats ~/.local/state/gpu-provision; the current folder is only read, and only where it holds
+    logs/ or reports/ as this tool named them (a training repo's own logs/ is not ours)."""
+    from provision.store import Store, root_and_why
+    for var in ("GPU_PROVISION_WORKDIR", "GPU_PROVISION_HOME", "XDG_STATE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert root_and_why() == (tmp_path / "home" / ".local" / "state" / "gpu-provision",
+                              "the XDG state folder")
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/ignored")  # the spec: absolute paths only
+    assert root_and_why()[0] == tmp_path / "home" / ".local" / "state" / "gpu-provision"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert root_and_why()[0] == tmp_path / "xdg" / "gpu-provision"
+    monkeypatch.setenv("GPU_PROVISION_HOME", str(tmp_path / "gp"))
+    assert root_and_why() == (tmp_path / "gp", "$GPU_PROVISION_HOME")
+    monkeypatch.setenv("GPU_PROVISION_WORKDIR", str(tmp_path / "w"))
+    assert root_and_why() == (tmp_path / "w", "--workdir / $GPU_PROVISION_WORKDIR")
+    monkeypatch.delenv("GPU_PROVISION_WORKDIR")
+
+    repo = tmp_path / "repo"
+    (repo / "logs" / "tensorboard").mkdir(parents=True)  # the training repo's own
+    (repo / "logs" / "tensorboard" / "events.out.tfevents.1.box").write_text("x")
+    (repo / "logs" / "lightning_logs" / "version_0").mkdir(parents=True)
+    monkeypatch.chdir(repo)
+    store = Store.here()
+    assert (store.root, store.legacy, store.moved_note()) == (tmp_path / "gp", None, None)
+    (repo / "reports" / "box").mkdir(parents=True)  # ours, from before the move
+    (repo / "reports" / "box" / "validate-20261201-120000.json").write_text('{"verdict": "WARN"}')
+    (repo / "logs" / "box" / "20261201-115900").mkdir(parents=True)
+    (repo / "logs" / "box" / "20261201-115900" / "torch.log").write_text("installed torch\n")
+    store = Store.here()
+    assert store.legacy == repo
+    assert store.last_report("box") == {"verdict": "WARN"}
+    assert store.last_logs("box") == {"log box/20261201-115900/torch.log": "installed torch\n"}
+    # a newer one in the new place wins
+    store.save_report("box", {"verdict": "PASS"}, run="20261201-130000")
+    assert store.last_report("box") == {"verdict": "PASS"}
+    assert [p.parent.parent.parent for p in store.reports("validate")] == [repo, tmp_path / "gp"]
