@@ -86,6 +86,7 @@ HEAVIEST_FIRST = (
     "sandbox/test_mirror.py",  # 25 s
     "sandbox/test_many_hosts.py",  # 23 s
     "sandbox/test_standins.py",  # 22 s
+    "sandbox/test_signals.py",  # ~25 s (three fresh hosts, three blackholed connects)
     "sandbox/test_data_sync.py",  # 19 s
     "sandbox/test_facts_on_hosts.py",  # 16 s
 )
