@@ -102,14 +102,66 @@ def send(sock: socket.socket, message: bytes, fds: list[int]) -> None:
     sock.sendall(message)
 
 
+class Relay:
+    """Our signals, passed on to the worker. Installed before the request goes out: the worker
+    may write to our terminal before we read its pid, and a Ctrl-C or Ctrl-Z in that moment
+    must reach it, not end or stop this process alone. Until the pid is known they wait."""
+
+    def __init__(self) -> None:
+        self.worker: int | None = None
+        self.waiting: list[int] = []
+        self.before = {sig: signal.getsignal(sig) for sig in (*FORWARDED, signal.SIGTSTP)}
+        for sig in self.before:
+            signal.signal(sig, self.on_signal)
+
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.worker is None:
+            self.waiting.append(signum)
+        elif signum == signal.SIGTSTP:
+            self.suspend()
+        else:
+            self.pass_on(signum)
+
+    def pass_on(self, signum: int) -> None:
+        if self.worker is None:
+            return
+        try:
+            os.kill(self.worker, signum)
+        except ProcessLookupError:
+            pass
+
+    def suspend(self) -> None:
+        """Ctrl-Z: the worker stops with us (it is not in the terminal's foreground group, so
+        the terminal's SIGTSTP never reaches it), and goes on when we are resumed."""
+        self.pass_on(signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until `fg` or `bg`
+        signal.signal(signal.SIGTSTP, self.on_signal)
+        self.pass_on(signal.SIGCONT)
+
+    def attach(self, worker: int) -> None:
+        self.worker = worker
+        for signum in self.waiting:
+            self.on_signal(signum, None)
+        self.waiting = []
+
+    def restore(self) -> None:
+        """No worker after all: our own handlers back, and what came meanwhile delivered here."""
+        for sig, handler in self.before.items():
+            signal.signal(sig, handler)
+        for signum in self.waiting:
+            os.kill(os.getpid(), signum)
+
+
 def run_warm(argv: list[str]) -> int | None:
     """Run this command through the warm server and return its exit code; None when there is no
     server to take it (the caller runs it here)."""
     if not wanted(argv):
         return None
     path = socket_path()
-    if path is None:
+    if path is None or not os.path.exists(path):
         return None
+    relay = Relay()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
@@ -117,37 +169,12 @@ def run_warm(argv: list[str]) -> int | None:
         reader = sock.makefile("rb")
         first = reader.readline()
     except OSError:  # none there, a stale socket, a closed stdin: run it here
+        first = b""
+    if not first.startswith(b"pid "):  # or the server is ending
         sock.close()
+        relay.restore()
         return None
-    if not first.startswith(b"pid "):
-        sock.close()
-        return None  # the server is ending: run it here
-    worker = int(first.split()[1])
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        try:
-            os.kill(worker, signum)
-        except ProcessLookupError:
-            pass
-
-    def suspend(_signum: int, _frame: FrameType | None) -> None:
-        """Ctrl-Z: the worker stops with us (it is not in the terminal's foreground group, so
-        the terminal's SIGTSTP never reaches it), and goes on when we are resumed."""
-        try:
-            os.kill(worker, signal.SIGSTOP)
-        except ProcessLookupError:
-            pass
-        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until `fg` or `bg`
-        signal.signal(signal.SIGTSTP, suspend)
-        try:
-            os.kill(worker, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
-    signal.signal(signal.SIGTSTP, suspend)
+    relay.attach(int(first.split()[1]))
     last = reader.readline()
     sock.close()
     if last.startswith(b"exit "):

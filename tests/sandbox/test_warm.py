@@ -121,9 +121,9 @@ def test_ctrl_c_and_a_killed_client_end_their_worker(hosts: Hosts, kept: Kept) -
     assert len(warm_pids(kept)) == 2 and not free(port)  # the worker holds the local port
     [worker] = [p for p in warm_pids(kept) if p != server(kept)]
     forwarder.send_signal(signal.SIGTSTP)  # Ctrl-Z: the worker stops with us ...
-    harness.wait_until(lambda: state(worker) == "T", "the worker to stop", timeout=10)
+    harness.wait_until(lambda: state(worker) == "T", "the worker to stop", timeout=30)
     forwarder.send_signal(signal.SIGCONT)  # ... and goes on with us
-    harness.wait_until(lambda: state(worker) in "RS", "the worker to go on", timeout=10)
+    harness.wait_until(lambda: state(worker) in "RS", "the worker to go on", timeout=30)
     forwarder.send_signal(signal.SIGINT)  # to our process: passed on to the worker
     assert forwarder.wait(timeout=30) == 0
     assert "stopped forwarding" in forwarder.stdout.read()
