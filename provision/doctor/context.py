@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..facts.envs import env_at
 from ..facts.host import CondaEnv, HostFacts
 from ..wheels.rule import TorchChoice
 
@@ -24,6 +25,12 @@ class EnvLayout(Protocol):
 
     @property
     def conda_root(self) -> str: ...
+
+    @property
+    def conda(self) -> bool: ...  # a conda env; else a venv (the image's, or ours over its python)
+
+    @property
+    def base(self) -> str: ...  # the image's python a venv of ours runs over ("" for any other)
 
 
 class Plan(Protocol):
@@ -47,15 +54,16 @@ class HostView:
 
     @property
     def env(self) -> CondaEnv | None:
-        """The env the plan uses (its facts: python, torch), when the host has it; without a
-        plan, the one env that has torch."""
+        """The env the plan uses (its facts: python, torch), when the host has it: a conda env,
+        or a venv of the image's or ours over its python, looked up as the plan's operations do;
+        without a plan, the one env that has torch."""
         if self.facts is None:
             return None
         if self.plan is None or self.plan.layout is None:
             with_torch = [e for e in self.facts.envs if e.torch]
             return with_torch[0] if len(with_torch) == 1 else None
-        prefix = self.plan.layout.env_prefix
-        return next((e for e in self.facts.envs if e.prefix == prefix), None)
+        lay = self.plan.layout
+        return env_at(self.facts, lay.env_prefix, lay.base, lay.conda)
 
     @property
     def env_prefix(self) -> str:

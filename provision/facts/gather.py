@@ -40,7 +40,7 @@ def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (
                  step_logs: bool = False) -> str:
     """``step_logs``: also the tail of each step's log on the host (for doctor)."""
     from ..remote.templating import render
-    from .images import VENV_HOMES
+    from .images import USER_SITE_PTH, VENV_HOMES
     from .nvidia import QUERY_FIELDS
     return render(
         "facts/facts.sh.j2",
@@ -52,6 +52,7 @@ def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (
         journal_dir=JOURNAL_DIR,
         conda_prefixes=CONDA_PREFIXES,
         venv_homes=VENV_HOMES,
+        view_pth=USER_SITE_PTH,
         step_logs=step_logs,
     )
 

@@ -22,7 +22,7 @@ from .fabric import (
     parse_fabric_states,
     parse_nvswitches,
 )
-from .images import ImageTorch, parse_image_torches, parse_view
+from .images import ImageTorch, parse_image_torches, parse_view, parse_view_site
 from .limits import Limits, parse_limits
 from .network import NetAddress, parse_default_route, parse_ip_addr
 from .nvidia import (
@@ -127,6 +127,8 @@ class HostFacts:
     limits: Limits = Limits()  # cgroup memory/CPU, /dev/shm, open files, inodes (facts/limits.py)
     image_torches: tuple[ImageTorch, ...] = ()  # torch outside conda: system python3, venvs
     view: str | None = None  # the interpreter our venv over the image's python was made from
+    view_site: str = ""  # the user site (pip --user) our venv names in its .pth
+    conda_readonly: tuple[str, ...] = ()  # conda roots the login cannot write to
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -377,6 +379,9 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         gpu_faults=faults,
         image_torches=parse_image_torches(_ok(probes, "image_torch") or ""),
         view=parse_view(_ok(probes, "image_torch") or ""),
+        view_site=parse_view_site(_ok(probes, "image_torch") or ""),
+        conda_readonly=tuple(ln.strip() for ln in (_ok(probes, "conda_readonly") or "")
+                             .splitlines() if ln.strip()),
         login=(_ok(probes, "login") or "").strip(),
         limits=parse_limits(_ok(probes, "cgroup") or "", _ok(probes, "shm") or "",
                             _ok(probes, "nofile") or "", _ok(probes, "inodes") or ""),

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from ..config.inventory import Settings
 from ..facts.host import CondaEnv, HostFacts
+from ..facts.images import USER_SITE_PTH
 from ..remote.contract import CONTRACT, shown
 from ..remote.templating import render
-from .layout import INTERRUPTED, Layout, find_env
+from .layout import INTERRUPTED, Layout, find_env, view_site
 from .step import Step, inputs_hash, nothing
 
 
@@ -100,14 +101,25 @@ def venv_step(facts: HostFacts, lay: Layout) -> Step:
     if not lay.base:
         return nothing("env", f"use the image's venv {lay.prefix} as it is ({have})")
     view = shown(CONTRACT.view.removeprefix(f"{CONTRACT.state}/"))
-    if facts.view == lay.base:
+    site = view_site(facts, lay)
+    if facts.view == lay.base and facts.view_site == site:
         return nothing("env", f"{view}, a venv over the image's {lay.base}, is there ({have}, "
                               "the image's as it is)")
     again = f"; the one there is over {facts.view}: made again" if facts.view else ""
+    if facts.view == lay.base:
+        again = "; the one there names another user site: made again"
+    # a torch installed with pip --user: the venv reads the user site only where
+    # $PYTHONUSERBASE is what it was at install when a job runs (site.py: ENABLE_USER_SITE
+    # holds in a venv with system site-packages, the folder comes from PYTHONUSERBASE,
+    # https://docs.python.org/3/library/site.html#site.USER_BASE): its .pth names it for good
+    user = f"; its user site {site} (pip --user) is named in the venv's {USER_SITE_PTH}, " \
+        "so it is seen whatever $PYTHONUSERBASE is when a job runs" if site else ""
+    it = next((i for i in facts.image_torches if i.python_bin == lay.base), None)
     return Step("env", f"the image's {lay.base} ({have}) stays as it is; a venv over it "
                 f"(--system-site-packages: nothing downloaded) gives jobs and login shells its "
                 f"`python`, and what the recipe adds goes into the venv, never into the image's "
-                f"python (PEP 668){again}",
+                f"python (PEP 668){user}{again}",
                 action=f"make {view} over {lay.base}",
-                body=render("setup/view.sh.j2", base=lay.base),
-                inputs=inputs_hash(view=lay.base))
+                body=render("setup/view.sh.j2", base=lay.base, site=site, pth=USER_SITE_PTH,
+                            torch_dir=it.site + "/torch" if it is not None else ""),
+                inputs=inputs_hash(view=lay.base, **({"site": site} if site else {})))

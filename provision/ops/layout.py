@@ -9,12 +9,13 @@ of ours goes beside it. The plan says, one line each, which is used and why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from packaging.version import InvalidVersion, Version
 
 from ..config.inventory import Settings
 from ..config.recipes import Platform
+from ..facts.envs import env_at
 from ..facts.host import CondaEnv, HostFacts
 from ..remote.contract import CONTRACT
 from .kept import judge_env_torch
@@ -61,7 +62,20 @@ def layout(facts: HostFacts, settings: Settings, platform: Platform) -> Layout:
     # an env name set on the command line or in the inventory is one of ours, even where the
     # platform ships an env to adopt
     adopt = None if settings.asked_by_user("env_name") else platform.adopt_env
+    if not adopt:
+        root = writable_root(facts, root)
     return Layout(conda_root=root, env_name=adopt or settings.env_name, adopted=bool(adopt))
+
+
+def writable_root(facts: HostFacts, root: str) -> str:
+    """Where an env of ours can go: ``root``, or our own Miniconda in the home where the login
+    cannot write to that conda (an image's /opt/conda made by root, reached without sudo). A
+    conda whose root is not writable makes ``create -n`` envs under ~/.conda/envs instead
+    (conda's envs_dirs: https://docs.conda.io/projects/conda/en/latest/user-guide/configuration/
+    settings.html#envs-dirs), not where the plan names them: ours is made where it can be."""
+    if root not in facts.conda_readonly:
+        return root
+    return f"{facts.home.rstrip('/')}/miniconda3"
 
 
 @dataclass(frozen=True)
@@ -93,7 +107,7 @@ def image_pythons(facts: HostFacts, lay: Layout) -> list[Found]:
         if it.kind == "venv":
             use = Layout(conda_root="", env_name=it.prefix, adopted=True, owner="the image",
                          prefix=it.prefix)
-        else:  # its torch through a venv of ours over it: the image's python stays as it is
+        else:  # system or user site: its torch through a venv of ours over the image's python
             use = Layout(conda_root="", env_name="venv", adopted=True, owner="the image",
                          prefix=f"{facts.home.rstrip('/')}/{CONTRACT.view}", base=it.python_bin)
         found.append(Found(CondaEnv(conda="", prefix=use.prefix, name=use.env_name,
@@ -132,7 +146,7 @@ def place(facts: HostFacts, settings: Settings, platform: Platform) -> Placement
             if not check.ok:
                 left = (f"{lay.owner}'s env {env.name!r} keeps its torch {env.torch}, "
                         f"unchanged ({check.reason}); ")
-                lay = ours(lay, settings)
+                lay = ours(lay, settings, facts)
         return Placement(lay, left, tuple(f"{f.where} has torch {f.env.torch}: left untouched; "
                                           f"{platform.name}'s env comes first" for f in found))
     judged = [(f, judge_env_torch(facts, settings, f.env)) for f in found]
@@ -142,7 +156,9 @@ def place(facts: HostFacts, settings: Settings, platform: Platform) -> Placement
         return asked and f.env.python is not None and f.env.python != settings.python
 
     usable = [f for f, check in judged if check.ok and not other_python(f)]
-    chosen = max(usable, key=lambda f: _release(f.env), default=None)  # the first of the newest
+    # the first of the newest; at the same release, what the image made (its conda env, its
+    # venv) before a venv of ours over its python
+    chosen = max(usable, key=lambda f: (_release(f.env), not f.use.base), default=None)
     lines = []
     for f, check in judged:
         head = f"{f.where} has torch {f.env.torch}"
@@ -157,8 +173,10 @@ def place(facts: HostFacts, settings: Settings, platform: Platform) -> Placement
                          f"({settings.how_asked('python')}): left untouched")
         else:
             assert chosen is not None
-            lines.append(f"{head}, which passes the rule ({check.reason}); {chosen.where} has "
-                         f"the newer torch {chosen.env.torch}: left untouched")
+            same = _release(chosen.env) == _release(f.env)
+            lines.append(f"{head}, which passes the rule ({check.reason}); {chosen.where} " + (
+                "has it too and is used" if same else f"has the newer torch {chosen.env.torch}")
+                + ": left untouched")
     if chosen is not None:
         return Placement(chosen.use, lines=tuple(lines))
     # ours, in the image's conda where it has one: never in an env of the image's own
@@ -170,31 +188,35 @@ def place(facts: HostFacts, settings: Settings, platform: Platform) -> Placement
     return Placement(lay, lines=tuple(lines))
 
 
-def ours(lay: Layout, settings: Settings) -> Layout:
-    """An env of ours beside the platform's, in the same conda (the platform's env stays as
-    it is)."""
+def ours(lay: Layout, settings: Settings, facts: HostFacts) -> Layout:
+    """An env of ours beside the platform's, in the same conda where the login can write to it
+    (the platform's env stays as it is)."""
     name = settings.env_name if settings.env_name != lay.env_name and settings.env_name != "base" \
         else "torch"
-    return Layout(conda_root=lay.conda_root, env_name=name, adopted=False, owner=lay.owner)
+    return Layout(conda_root=writable_root(facts, lay.conda_root), env_name=name, adopted=False,
+                  owner=lay.owner)
 
 
 def find_env(facts: HostFacts, lay: Layout) -> CondaEnv | None:
     """The env the layout names, as the facts see it; for a venv over the image's system python,
     the base's torch and python (the venv itself may not be made yet: ``view_ready``)."""
-    if not lay.conda:
-        python = lay.base or f"{lay.prefix}/bin/python"
-        it = next((i for i in facts.image_torches if i.python_bin == python), None)
-        return None if it is None else CondaEnv(
-            conda="", prefix=lay.prefix, name=lay.env_name, python=it.python, torch=it.torch,
-            torch_cuda=it.torch_cuda)
-    return next((e for e in facts.envs if e.prefix == lay.env_prefix), None)
+    env = env_at(facts, lay.env_prefix, lay.base, lay.conda)
+    return None if env is None else replace(env, name=lay.env_name)
 
 
 def env_ready(facts: HostFacts, lay: Layout) -> bool:
     """The env is there to run in (validate, bench, fit): made, or the image's own."""
     if lay.base:
-        return facts.view == lay.base
+        return facts.view == lay.base and facts.view_site == view_site(facts, lay)
     return find_env(facts, lay) is not None
+
+
+def view_site(facts: HostFacts, lay: Layout) -> str:
+    """The user site (pip --user) whose torch a venv of ours over the image's python must see,
+    named in the venv's .pth: a venv with --system-site-packages reads the user site only where
+    $PYTHONUSERBASE, if the torch went under one, is set when it runs; "" for any other."""
+    it = next((i for i in facts.image_torches if i.python_bin == lay.base), None)
+    return it.site if it is not None and it.kind == "user" and lay.base else ""
 
 
 INTERRUPTED = "interrupted on the host before it finished (a reboot or a kill)"

@@ -162,8 +162,23 @@ def packages_step(facts: HostFacts, settings: Settings, lay: Layout,
     if done.get("inputs") == h and done.get("result") == "ok" and find_env(facts, lay) \
             and "packages" not in facts.interrupted and not fresh_env:
         return nothing("packages", f"{' '.join(settings.packages)} installed (journal)")
+    base = next((i for i in facts.image_torches if i.python_bin == lay.base), None)
+    fix = pip_fix(facts) if lay.base else ""
+    nopip = "" if base is None or base.pip else (
+        f"; {lay.base} has no pip module: pip's own wheel from the PyPI mirror is installed into "
+        "the venv first (no root needed)")
     body = render("setup/packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
                   pypi=configured_pypi(settings), mirror_timeout=settings.mirrors.timeout,
-                  **choose_installer(facts, settings, bool(lay.base)).template_vars())
-    return Step("packages", f"recipe {settings.recipe}, from {listed(pypi)}, torch pinned",
+                  pip_fix=fix, **choose_installer(facts, settings, bool(lay.base)).template_vars())
+    return Step("packages", f"recipe {settings.recipe}, from {listed(pypi)}, torch pinned{nopip}",
                 action="install " + " ".join(settings.packages), body=body, inputs=h)
+
+
+def pip_fix(facts: HostFacts) -> str:
+    """What gives the image's python a pip, for this distro, when none can be fetched."""
+    root = "" if facts.root else "sudo "
+    family = facts.os.family
+    cmd = {"apt": f"{root}apt-get install python3-pip", "yum": f"{root}dnf install python3-pip"
+           }.get(family or "", "install the distro's python3-pip")
+    return (f"{cmd} (root's to run), or ask for an env of ours with a pip of its own: "
+            "--env-name NAME")

@@ -18,7 +18,7 @@ BASE = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 
 
 def run_view(home: Path, base: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", "-c", render("setup/view.sh.j2", base=base)],
+    return subprocess.run(["bash", "-c", render("setup/view.sh.j2", base=base, site="", pth="x.pth", torch_dir="")],
                           env={**os.environ, "HOME": str(home)}, capture_output=True, text=True)
 
 
@@ -43,7 +43,7 @@ def test_the_venv_sees_the_pythons_packages_and_is_made_again(tmp_path: Path) ->
     site = tmp_path / "site"
     (site / "torch").mkdir(parents=True)
     (site / "torch/__init__.py").write_text("")
-    r = subprocess.run(["bash", "-c", render("setup/view.sh.j2", base=BASE)],
+    r = subprocess.run(["bash", "-c", render("setup/view.sh.j2", base=BASE, site="", pth="x.pth", torch_dir="")],
                        env={**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(site)},
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
