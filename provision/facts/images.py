@@ -167,9 +167,11 @@ def parse_image_torches(text: str) -> tuple[ImageTorch, ...]:
     out: dict[str, ImageTorch] = {}
     for path, tv in p.torches:
         owner = _owner(path, p)
-        if owner is None or owner[1] is None or owner[1] in out:
+        if owner is None:
             continue
         kind, binary, py = owner
+        if binary is None or binary in out:
+            continue
         vals = dict(re.findall(r"(__version__|cuda)(?::[^=\s]*)?=(\S+)", tv))
         cuda = vals.get("cuda")
         out[binary] = ImageTorch(kind=kind, python_bin=binary, python=py,

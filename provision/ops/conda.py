@@ -8,6 +8,7 @@ from ..facts.host import HostFacts
 from ..remote.templating import render
 from ..wheels.data import dotted, load_compat
 from .layout import Layout
+from .privilege import who
 from .step import Step, inputs_hash, nothing
 
 DEFAULT_PYPI = "https://pypi.org/simple"
@@ -44,7 +45,11 @@ def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
     body = render("setup/conda.sh.j2", prefix=lay.conda_root, bases=m.miniconda, file=file,
                   sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
                   pypi=configured_pypi(settings), mirror_timeout=m.timeout)
-    return Step("conda", f"no conda on the host; {file} from {listed(m.miniconda)}, sha256 "
-                f"checked{why}", action=f"install Miniconda at {lay.conda_root}", body=body,
+    ro = [r for r in facts.conda_readonly if r != lay.conda_root]
+    none = f"the conda at {', '.join(ro)} is not writable by {who(facts)}, so an env of ours " \
+        "cannot go there (it is left as it is): one of ours in the home" if ro else \
+        "no conda on the host"
+    return Step("conda", f"{none}; {file} from {listed(m.miniconda)}, sha256 checked{why}",
+                action=f"install Miniconda at {lay.conda_root}", body=body,
                 inputs=inputs_hash(file=file, base=m.miniconda, channels=m.conda_channels,
                                    pypi=m.pypi), repair=partial)

@@ -123,3 +123,34 @@ def test_without_a_host_every_fix_is_still_runnable_words() -> None:
     for text in (CUDNN, BUILD, ABI, NCCL_IF, ARCH, HF_FULL):
         f = _one(text)
         assert "{" not in f.fix and "{" not in f.diagnosis, f
+
+
+def test_a_venv_env_gives_doctor_its_torch_and_interpreter() -> None:
+    """A host whose env is our venv over the image's system python (torch 2.5.1+cu124 there):
+    doctor's fix names the venv's interpreter and the image's torch, as the plan uses them, and
+    so it does for the image's own venv; no conda env is needed to say it."""
+    from provision.facts.images import parse_image_torches
+    base = captured("ubuntu-22.04-rtx4090")
+    system = parse_image_torches(
+        "bin|/usr/bin/python3|python3.12\nbin|/usr/bin/python3.12|\ntorch|/usr/local/lib/"
+        "python3.12/dist-packages/torch/version.py|__version__=2.5.1+cu124 cuda:Optional[str]=12.4")
+    facts = replace(base, envs=(), conda=(), image_torches=system)
+    plan = _plan(facts)
+    assert plan.layout is not None and plan.layout.base == "/usr/bin/python3.12"
+    # the env's python, which only the env itself knows (a venv of ours over python 3.12)
+    assert "Python 3.12 removed distutils (Python 3.12 here)" in \
+        _one("ModuleNotFoundError: No module named 'distutils'", facts, plan).diagnosis
+    cudnn = _one(CUDNN, facts, plan)
+    assert "torch 2.5.1+cu124" in cudnn.diagnosis
+    assert f"`{plan.layout.python_bin} -m pip install 'nvidia-cudnn-cu12==9.*'`" in cudnn.fix
+    assert plan.layout.python_bin == "/root/.gpu-provision/venv/bin/python"
+    venv = parse_image_torches(
+        "bin|/usr/bin/python3|python3.10\nbin|/usr/bin/python3.10|\nbin|/opt/venv/bin/python|\n"
+        "torch|/opt/venv/lib/python3.10/site-packages/torch/version.py|__version__=2.9.0+cu130 "
+        "cuda:Optional[str]=13.0")
+    facts = replace(base, envs=(), conda=(), image_torches=venv, driver_cuda="13.0",
+                    driver="580.95.05")
+    plan = _plan(facts)
+    assert plan.layout is not None and plan.layout.env_prefix == "/opt/venv"
+    cublas = _one(CUBLAS13, facts, plan)
+    assert "`/opt/venv/bin/python -m pip install 'nvidia-cublas'`" in cublas.fix

@@ -53,3 +53,37 @@ def test_the_venv_sees_the_pythons_packages_and_is_made_again(tmp_path: Path) ->
                            "print(os.path.realpath(sys.executable))"], capture_output=True,
                           text=True).stdout.strip()
     assert real == os.path.realpath(BASE)
+
+
+def test_a_user_site_torch_is_the_one_the_venv_imports_whatever_pythonuserbase_says(
+        tmp_path: Path) -> None:
+    """A torch installed with pip --user under $PYTHONUSERBASE (a ``torch`` package in that user
+    site stands for it): the venv names the site in its .pth, so its python imports that torch
+    with PYTHONUSERBASE unset (a job's environment) and with user sites off; the view checks the
+    torch it sees is that one, and says in one line when another one shadows it."""
+    site = tmp_path / "pyuser/lib/site-packages"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch/__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUSERBASE", "PYTHONPATH")}
+    script = render("setup/view.sh.j2", base=BASE, site=str(site), pth="_image_user_site.pth",
+                    torch_dir=str(site / "torch"))
+    r = subprocess.run(["bash", "-c", script], env={**env, "HOME": str(tmp_path)},
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"torch from {site}/torch/__init__.py"
+    python = tmp_path / ".gpu-provision/venv/bin/python"
+    for extra in ({}, {"PYTHONNOUSERSITE": "1"}):
+        seen = subprocess.run([python, "-c", "import torch; print(torch.__file__)"],
+                              env={**env, **extra}, capture_output=True, text=True)
+        assert seen.stdout.strip() == f"{site}/torch/__init__.py", seen.stderr
+    # another torch first on the path (PYTHONPATH here; a torch of the venv's own in a job) is
+    # not the one the plan judged: the view says so instead of passing
+    other = tmp_path / "other"
+    (other / "torch").mkdir(parents=True)
+    (other / "torch/__init__.py").write_text("")
+    r = subprocess.run(["bash", "-c", script], env={**env, "HOME": str(tmp_path),
+                                                    "PYTHONPATH": str(other)},
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (f"the venv imports torch from {other}/torch/__init__.py, not "
+                                f"the image's in {site}/torch")
