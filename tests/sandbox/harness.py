@@ -552,6 +552,8 @@ def start(profile_name: str, password: str | None = None, reboot_delay: float = 
     for spec in profile.get("image_torch") or []:  # what the image's build left elsewhere
         from .platform_env import install_image_torch
         install_image_torch(info, profile.get("conda_prefix"), spec)
+    for path in profile.get("image_removes") or []:  # what the image's build left out (a glob)
+        in_host(info, "sh", "-c", f"rm -rf {path}")
     return info
 
 

@@ -7,9 +7,14 @@ Profile key ``platform_torch``: ``{wheel: "torch==2.13.0", variant: cpu}`` or
 
 Profile key ``image_torch``: what an image's build left outside the platform's env, the same
 torch specs, each with where: ``{conda_env: pytorch, ...}`` (a named env of the conda at
-``conda_prefix``, made by that conda) or ``{system: /usr/bin/python3.11, ...}`` (pip into the
+``conda_prefix``, made by that conda), ``{system: /usr/bin/python3.11, ...}`` (pip into the
 system python as root, as RunPod-style Dockerfiles run it: Debian's pip puts it in
-/usr/local/lib/python3.X/dist-packages).
+/usr/local/lib/python3.X/dist-packages) or ``{user_site: /usr/bin/python3.11, ...}`` (``pip
+install --user`` as the profile's login, as an account without sudo on a lab server runs it: into
+~/.local/lib/python3.X/site-packages, owned by that login).
+
+Profile key ``image_removes``: paths the image's build left out, removed after the torches went
+in (Debian's pip and ensurepip: a python3 without python3-pip and python3.X-venv).
 """
 
 from __future__ import annotations
@@ -69,6 +74,22 @@ def install_image_torch(info: HostInfo, conda_prefix: str | None, spec: dict[str
                 "create", "-y", "-n", spec["conda_env"], "python")
         install_platform_torch(info, prefix, spec)
         return prefix
+    if spec.get("user_site"):
+        return install_user_torch(info, spec)
     python = spec["system"]
     install_platform_torch(info, "/usr/local", spec, python=python)
     return "/usr/local"
+
+
+def install_user_torch(info: HostInfo, spec: dict[str, Any]) -> str:
+    """``pip install --user`` as the login (its uid, its home), into its ~/.local; returns that
+    user base. Debian 12's python is externally managed (PEP 668), which refuses --user too: a
+    user on such a python passes --break-system-packages, as pip's docs name the override."""
+    uid = in_host(info, "id", "-u", info.user).stdout.strip()
+    home = f"/home/{info.user}" if info.user != "root" else "/root"
+    in_host(info, "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "env", "-i",
+            f"PATH={CLEAN_PATH}", f"HOME={home}", spec["user_site"], "-m", "pip", "install",
+            "--user", "--no-input", "--progress-bar", "off", "--disable-pip-version-check",
+            "--break-system-packages", "--index-url",
+            f"{info.mirror['pytorch']}/{spec.get('variant', 'cpu')}/", spec["wheel"])
+    return f"{home}/.local"
