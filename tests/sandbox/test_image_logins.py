@@ -15,8 +15,15 @@ import pytest
 from tests.conftest import Hosts, facts_json, gpu_provision
 from tests.sandbox import harness, mirror
 from tests.sandbox.platform_env import platform_torch_files
-from tests.sandbox.test_image_pythons import (WHICH, decision, decisions, job_output,
-                                              not_downloaded, plan_json, report_of)
+from tests.sandbox.test_image_pythons import (
+    WHICH,
+    decision,
+    decisions,
+    job_output,
+    not_downloaded,
+    plan_json,
+    report_of,
+)
 from tests.sandbox.test_installer import fake_wheels, with_pypi
 
 pytestmark = pytest.mark.sandbox
