@@ -95,7 +95,7 @@ def test_every_template_is_covered() -> None:
     shipped = {f"{d.name}/{p.name}" for d in templates_dir().iterdir() if d.is_dir()
                for p in d.iterdir() if p.suffix in (".j2", ".py")}
     assert shipped == {"facts/facts.sh.j2", "remote/step.sh.j2", "remote/_journal.sh.j2", "jobs/_follow.sh.j2", "remote/foreground.sh.j2", "setup/conda.sh.j2", "setup/env.sh.j2", "setup/view.sh.j2", "setup/torch.sh.j2",
-                       "setup/packages.sh.j2", "setup/validate.sh.j2", "gpu/validate_gpu.py", "setup/driver.sh.j2",
+                       "setup/packages.sh.j2", "setup/_pip_bootstrap.sh.j2", "setup/validate.sh.j2", "gpu/validate_gpu.py", "setup/driver.sh.j2",
                        "setup/driver_hold.sh.j2", "setup/_first_mirror.sh.j2", "setup/secrets.sh.j2",
                        "setup/secrets_forget.sh.j2", "gpu/bench.sh.j2", "gpu/bench_gpu.py",
                        # the GPU payload (tests/unit/test_validate_measure.py runs it)
