@@ -69,10 +69,11 @@ def layout(facts: HostFacts, settings: Settings, platform: Platform) -> Layout:
 
 def writable_root(facts: HostFacts, root: str) -> str:
     """Where an env of ours can go: ``root``, or our own Miniconda in the home where the login
-    cannot write to that conda (an image's /opt/conda made by root, reached without sudo). A
-    conda whose root is not writable makes ``create -n`` envs under ~/.conda/envs instead
-    (conda's envs_dirs: https://docs.conda.io/projects/conda/en/latest/user-guide/configuration/
-    settings.html#envs-dirs), not where the plan names them: ours is made where it can be."""
+    cannot write to that conda (an image's /opt/conda made by root, reached without sudo). conda
+    run as another user against a root-owned install either fails on its own folders
+    ("NotWritableError: ... path: /usr/local/miniconda/envs/.conda_envs_dir_test",
+    microsoft/vscode-python#10878; ".../pkgs/cache/...json", conda/conda#7267) or puts the env
+    under another envs_dir than the plan names: ours is made where it can be."""
     if root not in facts.conda_readonly:
         return root
     return f"{facts.home.rstrip('/')}/miniconda3"
