@@ -135,10 +135,8 @@ def validate(c: Context, env_name: str | None = None, recipe: str | None = None,
         p.require_env("validate")
         applied = s.apply(p, only={"validate"})
     assert applied.report is not None and p.facts is not None
-    from ..facts.limits import judge as judge_limits
-    f = p.facts
-    limits = judge_limits(f.limits, memory_gb=f.memory_gb, cpu_cores=f.cpu_cores,
-                          container=f.virtualization.kind == "container")
+    from ..doctor.checks import limit_findings
+    limits = limit_findings(p.facts, p.settings.platform)
     if json_:
         output.print_json({**_applied_json(applied),
                            "limits": [{"severity": x.severity, "text": x.text, "fix": x.fix}

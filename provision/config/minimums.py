@@ -46,7 +46,7 @@ def judge(need: Mapping[str, float], have: Resources, who: str) -> list[Judgemen
     cores = have.cpu_cores
     if have.cpu_limit is not None and (cores is None or have.cpu_limit < cores):
         cores_text = f"{_num(have.cpu_limit)} (the cgroup's CPU quota)"
-        cores = int(have.cpu_limit)
+        cores = max(1, int(have.cpu_limit))
     else:
         cores_text = str(cores)
     if "min_cpu_cores" in need and cores is not None:

@@ -110,6 +110,9 @@ PLATFORM_SCHEMA = {
     "mirrors": MIRRORS_SCHEMA,
     "detect": {"files": [str], "env": [str], "hostname_prefix": [str]},
     "autostop": AUTOSTOP_SCHEMA,
+    # the platform's own words for raising a limit a job meets (facts/limits.py judges them):
+    # /dev/shm and the open-files limit, where its docs say how
+    "limits_fix": {"shm": str, "nofile": str},
 }
 
 
@@ -195,6 +198,7 @@ class Platform:
     mirrors: Mapping[str, Any] = field(default_factory=dict)
     detect: Detect = Detect()
     autostop: StopProfile = StopProfile()
+    limits_fix: Mapping[str, str] = field(default_factory=dict)  # "shm"/"nofile" -> the fix
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,9 @@ from collections.abc import Callable, Sequence
 
 from ..facts.fabric import fabric_ready, fabric_summary
 from ..facts.host import HostFacts
+from ..config.recipes import load_platform
+from ..errors import ConfigError
+from ..facts.limits import Finding
 from ..facts.limits import judge as judge_limits
 
 # Fact checks: each returns the placeholders it provides (a true value) or None.
@@ -97,11 +100,24 @@ def _fabric_manager_down(f: HostFacts) -> dict[str, str] | None:
             "fm_state": state + (f"; {summary}" if summary and summary not in state else "")}
 
 
+def limit_findings(f: HostFacts, platform: str | None = None) -> list[Finding]:
+    """The limits a job will meet (facts/limits.py judges them), each fix in the words of the
+    platform (``platform``, else the one the facts detected) where it has its own; doctor and
+    validate show these."""
+    name = platform or f.platform
+    fixes: dict[str, str] = {}
+    if name:
+        try:
+            fixes = dict(load_platform(name).limits_fix)
+        except ConfigError:  # a platform unknown here: the generic fix
+            pass
+    return judge_limits(f.limits, memory_gb=f.memory_gb, cpu_cores=f.cpu_cores,
+                        container=f.virtualization.kind == "container", fixes=fixes)
+
+
 def _limits(f: HostFacts, severity: str) -> dict[str, str] | None:
-    """The limits a job will meet (facts/limits.py judges them; validate shows the same)."""
-    found = [x for x in judge_limits(f.limits, memory_gb=f.memory_gb, cpu_cores=f.cpu_cores,
-                                     container=f.virtualization.kind == "container")
-             if x.severity == severity]
+    """The limits a job will meet, of one severity."""
+    found = [x for x in limit_findings(f) if x.severity == severity]
     if not found:
         return None
     return {"limits_text": "; ".join(x.text for x in found) + ".",

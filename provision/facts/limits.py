@@ -11,6 +11,7 @@ no quota); v1 ``memory.limit_in_bytes`` is bytes (no limit: LONG_MAX rounded dow
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 NO_LIMIT = 1 << 62  # v1's "unlimited" is LONG_MAX rounded to a page: anything this big is none
@@ -105,8 +106,12 @@ OPEN_FILES_MIN = 4096
 INODES_MIN = 200_000
 
 
-def judge(lim: Limits, *, memory_gb: float, cpu_cores: int, container: bool) -> list[Finding]:
-    """The limits a job will meet, each with its fix (validate and doctor show the same)."""
+def judge(lim: Limits, *, memory_gb: float, cpu_cores: int, container: bool,
+          fixes: Mapping[str, str] | None = None) -> list[Finding]:
+    """The limits a job will meet, each with its fix (validate and doctor show the same).
+    ``fixes``: a known platform's own words for raising one ("shm", "nofile": its
+    ``limits_fix``), which replace the generic container or VM fix."""
+    fixes = fixes or {}
     out: list[Finding] = []
     if lim.memory_limit_gb is not None and memory_gb and lim.memory_limit_gb < 0.95 * memory_gb:
         out.append(Finding("info", f"a job can use {lim.memory_limit_gb} GB of memory (the "
@@ -124,12 +129,17 @@ def judge(lim: Limits, *, memory_gb: float, cpu_cores: int, container: bool) -> 
                "DataLoader(num_workers=0) and NCCL_SHM_DISABLE=1 avoid it") if container else \
               ("as root: mount -o remount,size=16G /dev/shm (and size=16G on its /etc/fstab "
                "line to keep it after a reboot)")
+        if fixes.get("shm"):
+            fix = (f"{fixes['shm']}. Until then DataLoader(num_workers=0) and "
+                   "NCCL_SHM_DISABLE=1 avoid it")
         out.append(Finding("warn", f"/dev/shm is {lim.shm_mb:g} MB: DataLoader workers die with "
                                    "\"Bus error\" and NCCL's shared-memory transport fails", fix))
     if lim.open_files is not None and lim.open_files < OPEN_FILES_MIN:
         hard = lim.open_files_hard
         if hard is None or hard >= OPEN_FILES_MIN:  # None: the hard limit is "unlimited"
             fix = f"`ulimit -n {hard or 65536}` in the job's shell (the hard limit allows it)"
+        elif fixes.get("nofile"):
+            fix = fixes["nofile"]
         elif container:
             fix = "start the container with --ulimit nofile=65536:65536"
         else:

@@ -104,10 +104,9 @@ def host_resources(facts: HostFacts) -> Resources:
     """What the facts say a job on the host can use (before anything is installed): the
     cgroup's memory limit and CPU quota where they are below what /proc and nproc show."""
     lim = facts.limits
-    memory = min(facts.memory_gb, lim.memory_limit_gb) if lim.memory_limit_gb else facts.memory_gb
-    cores = min(facts.cpu_cores, max(1, int(lim.cpu_quota))) if lim.cpu_quota and \
-        facts.cpu_cores else facts.cpu_cores
-    return Resources(cpu_cores=cores or None, memory_gb=memory or None,
+    # the judgement takes the smaller and says which it was ("(the cgroup's limit)")
+    return Resources(cpu_cores=facts.cpu_cores or None, memory_gb=facts.memory_gb or None,
+                     memory_limit_gb=lim.memory_limit_gb, cpu_limit=lim.cpu_quota,
                      free_disk_gb={d.path: d.free_gb for d in facts.disks},
                      disk_total_gb={d.path: d.total_gb for d in facts.disks},
                      gpu_memory_gb=tuple(round(g.memory_total_mib / 1024, 1) for g in facts.gpus
@@ -118,7 +117,11 @@ def measured_resources(m: Mapping[str, Any]) -> Resources:
     """What validate_gpu.py measured: cores, memory and free disk of the host, torch's view of
     each GPU's memory (GB of 10^9 bytes there, GiB here as in the facts)."""
     h = m.get("host") or {}
-    return Resources(cpu_cores=h.get("cpu_cores"), memory_gb=h.get("memory_gb"),
+    # memory_gb and cpu_cores are already the smaller of the machine's and the cgroup's; a
+    # report that also carries the cgroup's figures gets the judgement to say so
+    return Resources(cpu_cores=h.get("cpu_count", h.get("cpu_cores")),
+                     memory_gb=h.get("meminfo_gb", h.get("memory_gb")),
+                     memory_limit_gb=h.get("memory_limit_gb"), cpu_limit=h.get("cpu_quota"),
                      free_disk_gb={d["path"]: d["free_gb"] for d in h.get("disks") or []
                                    if d.get("free_gb") is not None},
                      disk_total_gb={d["path"]: d["total_gb"] for d in h.get("disks") or []

@@ -230,8 +230,12 @@ def host(data_dir: str | None) -> dict[str, Any]:
             disks.append({"path": path, "free_gb": None, "total_gb": None})
     mem_limit, cpu_quota = _cgroup_limits()
     cores = os.cpu_count() or 0
+    # what a job can use (the smaller of the machine's and the cgroup's), and both figures
     return {"cpu_cores": min(cores, max(1, int(cpu_quota))) if cpu_quota else cores,
-            "memory_gb": round(min(mem, mem_limit) if mem_limit else mem, 1), "disks": disks}
+            "memory_gb": round(min(mem, mem_limit) if mem_limit else mem, 1), "disks": disks,
+            "cpu_count": cores, "cpu_quota": round(cpu_quota, 2) if cpu_quota else None,
+            "meminfo_gb": round(mem, 1),
+            "memory_limit_gb": round(mem_limit, 2) if mem_limit else None}
 
 
 def _cgroup_limits() -> tuple[float | None, float | None]:

@@ -419,6 +419,12 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
     (root / "boot_id").write_text(str(uuid.uuid4()) + "\n")
     spec = {"id": hid, "profile": profile_name, "binds": binds, "reboot_delay": reboot_delay,
             "hostname": profile.get("hostname", hid)}
+    if profile.get("limits"):  # a container's limits, real ones (limited.py)
+        from .limited import make, size_bytes
+        lim = profile["limits"]
+        spec["cgroups"] = make(hid, lim)
+        spec["shm_bytes"] = size_bytes(lim["shm"]) if lim.get("shm") else None
+        spec["nofile"] = lim.get("nofile")
     if profile.get("dmi"):  # a cloud's DMI strings (a capture under tests/fixtures/dmi)
         spec["dmi"] = yaml.safe_load((FIXTURES / profile["dmi"]).read_text())
     _write(root / "host.json", json.dumps(spec, indent=1))
@@ -517,10 +523,15 @@ def start(profile_name: str, password: str | None = None, reboot_delay: float = 
         _STARTED.append(hid)
     _prepare(root, hid, profile_name, profile, ip, port, password, reboot_delay)
     log = open(root / "hostd.log", "ab")
+    cgroups = [d for d, _ in json.loads((root / "host.json").read_text()).get("cgroups", [])]
+    from .limited import join
+    # a limited host's supervisor joins its cgroup first: the new cgroup namespace is rooted there
     proc = subprocess.Popen(["unshare", "--mount", "--uts", "--propagation", "private",
+                             *(["--cgroup"] if cgroups else []),
                              sys.executable, str(HERE / "hostd.py"), str(root)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=(lambda: join(cgroups)) if cgroups else None)
     (root / "hostd.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + 20
     while not (root / "ready").exists():
@@ -594,6 +605,9 @@ def stop(hid: str) -> None:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    if (root / "host.json").exists():
+        from .limited import remove
+        remove([d for d, _ in json.loads((root / "host.json").read_text()).get("cgroups", [])])
     shutil.rmtree(root, ignore_errors=True)
     if hid in _STARTED:
         _STARTED.remove(hid)

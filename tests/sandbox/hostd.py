@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -46,6 +47,13 @@ class Host:
             (m / dst.lstrip("/")).mkdir(parents=True, exist_ok=True)
             sh("mount", "--bind", str(r / src), str(m / dst.lstrip("/")))
         sh("mount", "--bind", str(r / "boot_id"), str(m / "proc/sys/kernel/random/boot_id"))
+        # a limited host (limited.py): its own cgroup where it looks for its root, a tmpfs of
+        # the asked size on /dev/shm
+        for src, dst in self.spec.get("cgroups", []):
+            sh("mount", "--bind", src, str(m / dst.lstrip("/")))
+        if self.spec.get("shm_bytes"):
+            sh("mount", "-t", "tmpfs", "-o", f"size={self.spec['shm_bytes']},mode=1777,nosuid,nodev",
+               "shm", str(m / "dev/shm"))
         if self.spec.get("dmi"):
             self.mount_dmi(self.spec["dmi"])
         sh("hostname", self.spec["hostname"])  # our own UTS namespace (unshare --uts)
@@ -68,8 +76,14 @@ class Host:
         self.sshd = subprocess.Popen(
             ["chroot", str(self.merged), "/usr/sbin/sshd", "-D", "-f",
              "/etc/gpu-sandbox/sshd_config", "-E", "/var/log/gpu-sandbox-sshd.log"],
-            stdin=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL, preexec_fn=self.limit_files)
         (self.root / "sshd.pid").write_text(str(self.sshd.pid))
+
+    def limit_files(self) -> None:
+        """The profile's open-files limit (soft and hard) on sshd, which every login inherits."""
+        n = self.spec.get("nofile")
+        if n:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (int(n), int(n)))
 
     def host_pids(self) -> list[int]:
         """Every process whose root is this host's view (sshd, sessions, detached jobs)."""

@@ -145,3 +145,21 @@ def test_torch_outside_conda_is_found_with_its_interpreter() -> None:
     assert parse_view("view|home = /usr/bin\nview|include-system-site-packages = true\n"
                       "view|version = 3.10.12") == "/usr/bin/python3.10"
     assert parse_view("") is None
+
+
+def test_a_known_platform_gets_its_own_words_for_the_fix() -> None:
+    """vast.ai's /dev/shm is set in the template's Docker options (recipes/platforms/vast.yaml);
+    doctor names it on a host detected as vast.ai, the generic container fix elsewhere."""
+    from dataclasses import replace
+
+    from provision.doctor.checks import limit_findings
+    from tests.cases import captured
+    facts = captured("autodl", {"shm": (FX / "df-Pk-tmpfs-64m.txt").read_text(),
+                                "nofile": "1048576\n1048576"})
+    shm = next(f for f in limit_findings(replace(facts, platform="vast")) if "/dev/shm" in f.text)
+    assert shm.fix == ("add --shm-size=32gb to the Docker options of your template (vast.ai's "
+                       "template configuration) and start a new instance from it. Until then "
+                       "DataLoader(num_workers=0) and NCCL_SHM_DISABLE=1 avoid it")
+    other = next(f for f in limit_findings(replace(facts, platform="runpod"))
+                 if "/dev/shm" in f.text)
+    assert other.fix.startswith("start the container with --shm-size=16g")
