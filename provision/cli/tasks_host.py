@@ -38,10 +38,28 @@ def _applied_json(applied: Applied, **more: Any) -> dict[str, Any]:
             "validation": applied.report, **more}
 
 
-def _show_applied(applied: Applied) -> None:
+def _show_applied(applied: Applied, limits: list[Any] | None = None) -> None:
     show.steps_table(applied)
     if applied.report is not None:
         output.verdict_table(applied.host, applied.report, applied.report_path)
+        _show_limits(applied.host, limits or [])
+
+
+def _show_limits(host: str, limits: list[Any]) -> None:
+    for x in limits:  # what the host lets a job use: the same judgement as doctor's
+        output.console.print(f"{host}: {'warning' if x.severity == 'warn' else 'note'}: {x.line}",
+                             markup=False, highlight=False)
+
+
+def _limits_of(p: Any) -> list[Any]:
+    """The limits a job on the planned host meets (doctor's judgement), with the platform's
+    words for each fix."""
+    from ..doctor.checks import limit_findings
+    return limit_findings(p.facts, p.settings.platform) if p.facts is not None else []
+
+
+def _limits_json(limits: list[Any]) -> list[dict[str, str]]:
+    return [{"severity": x.severity, "text": x.text, "fix": x.fix} for x in limits]
 
 
 SETTINGS_HELP = {"python": "env Python, e.g. 3.11", "recipe": "recipe name (recipes/<name>.yaml)",
@@ -110,10 +128,11 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
         for r in p.risks:
             output.console.print(output.text(("risk:", "yellow"), f" {r}"))
         applied = s.apply(p, o)
+    limits = _limits_of(p) if applied.report is not None else []
     if json_:
-        output.print_json(_applied_json(applied, risks=list(p.risks)))
+        output.print_json(_applied_json(applied, risks=list(p.risks), limits=_limits_json(limits)))
     else:
-        _show_applied(applied)
+        _show_applied(applied, limits)
     if applied.verdict == "FAIL":
         raise Exit(f"validation verdict FAIL (report {applied.report_path})", code=1)
     return {"steps": [(x.name, x.result, x.seconds) for x in applied.steps],
@@ -135,17 +154,12 @@ def validate(c: Context, env_name: str | None = None, recipe: str | None = None,
         p.require_env("validate")
         applied = s.apply(p, only={"validate"})
     assert applied.report is not None and p.facts is not None
-    from ..doctor.checks import limit_findings
-    limits = limit_findings(p.facts, p.settings.platform)
+    limits = _limits_of(p)
     if json_:
-        output.print_json({**_applied_json(applied),
-                           "limits": [{"severity": x.severity, "text": x.text, "fix": x.fix}
-                                      for x in limits]})
+        output.print_json(_applied_json(applied, limits=_limits_json(limits)))
     else:
         output.verdict_table(applied.host, applied.report, applied.report_path)
-        for x in limits:  # what the host lets a job use: the same judgement as doctor's
-            output.console.print(f"{applied.host}: {'warning' if x.severity == 'warn' else 'note'}"
-                                 f": {x.line}", markup=False, highlight=False)
+        _show_limits(applied.host, limits)
     if applied.verdict == "FAIL":
         raise Exit(code=1)
     return {"steps": [(x.name, x.result, x.seconds) for x in applied.steps],

@@ -97,9 +97,42 @@ class Sample:
     gpus: tuple[GpuSample, ...]
     jobs: tuple[JobState, ...]
     disks: tuple[Disk, ...]
-    memory_gb: float
+    memory_gb: float  # /proc/meminfo's: in a container, the machine's
     memory_available_gb: float
     gpu_note: str = ""  # why there are no GPU rows, when nvidia-smi said so
+    memory_limit_gb: float | None = None  # the cgroup's limit, where one is set
+    memory_used_gb: float | None = None  # what the cgroup holds, less reclaimable file cache
+
+    @property
+    def limited(self) -> bool:
+        """The cgroup's limit is below the machine's memory: it is what a job can use."""
+        return self.memory_limit_gb is not None and self.memory_limit_gb < self.memory_gb
+
+    @property
+    def usable_gb(self) -> float:
+        """The memory a job can use: the cgroup's limit in a limited container."""
+        return self.memory_limit_gb if self.limited and self.memory_limit_gb else self.memory_gb
+
+    @property
+    def free_gb(self) -> float:
+        if self.limited and self.memory_limit_gb is not None:
+            return round(max(0.0, self.memory_limit_gb - (self.memory_used_gb or 0.0)), 1)
+        return self.memory_available_gb
+
+
+def parse_cgroup_memory(text: str) -> tuple[float | None, float | None]:
+    """The sampler's ``cgmem`` line, "LIMIT USAGE INACTIVE_FILE" in bytes -> (limit GB, used GB).
+    Used is the usage less the inactive file cache, as ``docker stats`` counts it (docker/cli
+    cli/command/container/stats_helpers.go, calculateMemUsageUnixNoCache: v1 usage -
+    total_inactive_file, v2 usage - inactive_file): the kernel reclaims that cache before it
+    kills anything."""
+    words = text.split()
+    nums = [int(w) if w.isdigit() else None for w in words[:3]] + [None, None, None]
+    limit, usage, inactive = nums[0], nums[1], nums[2]
+    if limit is None or limit >= 1 << 62:  # v1's "no limit" is LONG_MAX rounded to a page
+        return None, None
+    used = None if usage is None else max(0, usage - (inactive or 0))
+    return round(limit / 1024**3, 2), None if used is None else round(used / 1024**3, 2)
 
 
 def parse_sample(line: str, host: str) -> Sample | None:
@@ -115,7 +148,8 @@ def parse_sample(line: str, host: str) -> Sample | None:
     gpu_text = str(doc.get("gpus") or "")
     gpus = parse_gpu_rows(gpu_text)
     mem, avail = parse_meminfo(str(doc.get("mem") or ""))
-    return Sample(host=host, t=t, boot=boot, gpus=gpus,
+    limit, used = parse_cgroup_memory(str(doc.get("cgmem") or ""))
+    return Sample(host=host, t=t, boot=boot, gpus=gpus, memory_limit_gb=limit, memory_used_gb=used,
                   jobs=parse_records(str(doc.get("jobs") or ""), host, now=t, host_boot=boot).jobs,
                   disks=parse_df(str(doc.get("disk") or "")), memory_gb=mem,
                   memory_available_gb=avail,
@@ -208,6 +242,10 @@ class Monitor:
                                  f"{', '.join(g.throttled)} (SM {_g(g.sm_clock_mhz)} of "
                                  f"{_g(g.sm_clock_max_mhz)} MHz, {_g(g.temperature_c)} C, "
                                  f"{_g(g.power_w)}/{_g(g.power_limit_w)} W)"))
+        if s.usable_gb and 1 - s.free_gb / s.usable_gb >= self.memory_full:
+            of = " (the cgroup's limit: past it the kernel kills the job)" if s.limited else ""
+            out.append(Alert("warning", host, f"memory {s.usable_gb - s.free_gb:.1f}/"
+                             f"{s.usable_gb:g} GB used{of}"))
         for d in s.disks:
             if d.total_gb and 1 - d.free_gb / d.total_gb >= self.disk_full:
                 out.append(Alert("warning", host, f"disk {d.path} {1 - d.free_gb / d.total_gb:.0%} "
@@ -229,7 +267,10 @@ class Monitor:
                          for j in s.jobs],
                 "disks": [{"path": d.path, "free_gb": d.free_gb, "total_gb": d.total_gb}
                           for d in s.disks],
-                "memory": {"total_gb": s.memory_gb, "available_gb": s.memory_available_gb},
+                # what a job can use: the cgroup's limit in a limited container
+                "memory": {"total_gb": s.usable_gb, "available_gb": s.free_gb,
+                           "limit_gb": s.memory_limit_gb if s.limited else None,
+                           "machine_gb": s.memory_gb},
                 "alerts": [a.as_json() for a in self.alerts(host)],
             })
         return {"hosts": out}

@@ -106,6 +106,16 @@ def table(title: str, *columns: str, show_header: bool = True, **kw: Any) -> Tab
     return t
 
 
+def _cgroup_text(f: Any) -> str:
+    """"; a job gets 2 GB and 1.5 cores (the cgroup's limit)" where the cgroup allows less than
+    /proc and nproc show."""
+    lim, parts = f.limits, []
+    if lim.memory_limit_gb is not None and lim.memory_limit_gb < f.memory_gb:
+        parts.append(f"{lim.memory_limit_gb:g} GB")
+    if lim.cpu_quota is not None and lim.cpu_quota < f.cpu_cores:
+        parts.append(f"{lim.cpu_quota:g} cores")
+    return f"; a job gets {' and '.join(parts)} (the cgroup's limit)" if parts else ""
+
 def facts_table(host: str, f: HostFacts, out: Console | None = None) -> None:
     out = out or __getattr__("console")
     t = table(f"facts: {host}", "fact", "value", show_header=False)
@@ -118,7 +128,7 @@ def facts_table(host: str, f: HostFacts, out: Console | None = None) -> None:
                     f"{f.virtualization.evidence}); pid 1 {f.pid1}"),
         ("platform", f"{f.platform or 'not detected'} ({f.platform_evidence})"),
         ("cpu", f"{f.cpu_model} x{f.cpu_cores}; memory {f.memory_gb} GB "
-                f"({f.memory_available_gb} GB free)"),
+                f"({f.memory_available_gb} GB free)" + _cgroup_text(f)),
         ("disk", "; ".join(f"{d.path}: {d.free_gb}/{d.total_gb} GB free" for d in f.disks) or "-"),
         ("user", "root" if f.root else ("sudo" if f.sudo else "no root, no sudo")),
         ("pci gpus", ", ".join(g.name for g in f.pci_gpus) or "none"),
@@ -213,7 +223,16 @@ def bench_table(host: str, r: dict[str, Any], path: Any, out: Console | None = N
                                     f"({number(r.get('infer_images_s'), ' images/s')})")
     t.add_row("disk", f"write {number(r.get('disk_write_mbs'), ' MB/s')}, read "
                       f"{number(r.get('disk_read_mbs'), ' MB/s')} ({r.get('disk_path')})")
-    t.add_row("CPU", f"{r.get('cpu_cores')} cores, single-core score {r.get('cpu_single_score')}")
+    quota = (f" (the cgroup's quota {r['cpu_quota']:g}; nproc shows {r.get('cpu_count')})"
+             if r.get("cpu_quota") is not None and r["cpu_quota"] < (r.get("cpu_count") or 0)
+             else "")
+    t.add_row("CPU", f"{r.get('cpu_cores')} cores{quota}, single-core score "
+                     f"{r.get('cpu_single_score')}")
+    if r.get("host_memory_gb") is not None:  # reports before schema 2's host figures lack it
+        limit = r.get("memory_limit_gb")
+        t.add_row("host memory", number(r.get("host_memory_gb"), " GB") + (
+            f" (the cgroup's limit; /proc/meminfo shows {r.get('meminfo_gb')} GB)"
+            if limit is not None and limit < (r.get("meminfo_gb") or 0) else ""))
     link = r.get("link") or {}
     t.add_row("link (this machine)", f"up {number(link.get('up_mbs'), ' MB/s')}, down "
                                      f"{number(link.get('down_mbs'), ' MB/s')}"
@@ -384,7 +403,8 @@ def watch_view(monitor: Monitor, hosts: Sequence[str], notes: Sequence[str] = ()
                       size(job.log_size) + (f" +{size(rate)}/s" if rate else ""),
                       Text(job.last_line[:120]))
         disks = ", ".join(f"{d.path} {d.free_gb}/{d.total_gb} GB free" for d in s.disks)
-        lines.append(Text(f"{host}: memory {s.memory_available_gb}/{s.memory_gb} GB free; disk "
+        limit = f" (the cgroup's limit; the machine has {s.memory_gb:g})" if s.limited else ""
+        lines.append(Text(f"{host}: memory {s.free_gb:g}/{s.usable_gb:g} GB free{limit}; disk "
                           f"{disks or '-'}" + (f"; {s.gpu_note}" if s.gpu_note else "")))
         alerts += monitor.alerts(host)
     colour = {"error": "red", "warning": "yellow", "info": "cyan"}

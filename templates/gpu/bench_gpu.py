@@ -15,7 +15,8 @@ Suite (fixed, so reports from different hosts compare):
 - inference latency of a small detection-sized conv net on generated 640x640 images, batch 1
   and 32;
 - disk write and read speed in the data dir (256 MiB, fsync'd, read back past the page cache);
-- CPU cores and a single-core score;
+- CPU cores and host memory a job gets (in a container the cgroup's quota and limit, with
+  nproc's and /proc/meminfo's beside them) and a single-core score;
 - download speed from each configured mirror (at most download_mb MiB each).
 """
 
@@ -169,8 +170,13 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "schema": 2, "mode": "cpu", "torch": None, "cuda": None, "gpus": [], "tflops": {},
         "memory_gb": None, "mem_gbs": None, "h2d_gbs": None, "train_samples_s": None,
         "infer_ms_b1": None, "infer_ms_b32": None, "infer_images_s": None, "disk_write_mbs": None,
-        "disk_read_mbs": None, "cpu_cores": os.cpu_count(), "cpu_single_score": None,
-        "downloads": [], "notes": notes}
+        "disk_read_mbs": None, "cpu_single_score": None, "downloads": [], "notes": notes}
+    # what a job gets: in a container the cgroup's CPU quota and memory limit, not the machine's
+    # nproc and /proc/meminfo (validate_gpu.host reads both and keeps the smaller)
+    h = vg.host(None)
+    out.update(cpu_cores=h["cpu_cores"], cpu_count=h["cpu_count"], cpu_quota=h["cpu_quota"],
+               host_memory_gb=h["memory_gb"], meminfo_gb=h["meminfo_gb"],
+               memory_limit_gb=h["memory_limit_gb"])
     out["cpu_single_score"] = _guarded(notes, "cpu single core", single_core)
     data_dir = cfg.get("data_dir") or os.path.expanduser("~")
     if not os.path.isdir(data_dir):

@@ -325,3 +325,22 @@ def test_sampler_line_parses_and_garbage_does_not_raise() -> None:
     assert s is not None and s.gpus[0].memory_total_mib == 143771.0
     assert [j.label for j in s.jobs] == ["running"] and s.disks[0].free_gb == 74.1
     assert parse_sample("not json", "box") is None and parse_sample("[1]", "box") is None
+
+
+def test_in_a_limited_container_memory_is_the_cgroups() -> None:
+    """/proc/meminfo shows the machine's 23.5 GB; the cgroup allows 2 GiB and holds 1.95 GiB
+    (after its inactive file cache): the sample says 2 GB, and the alert names the limit."""
+    line = json.dumps({"t": 2000, "boot": BOOT, "gpus": "", "jobs": "", "disk": "",
+                       "mem": "MemTotal:       24609000 kB\nMemAvailable:   23000000 kB",
+                       "cgmem": f"{2 * 1024**3} {int(2.05 * 1024**3)} {int(0.1 * 1024**3)}"})
+    s = parse_sample(line, "box")
+    assert s is not None and s.limited and (s.usable_gb, s.free_gb) == (2.0, 0.1)
+    m = Monitor()
+    m.update(s)
+    assert [a.text for a in m.alerts("box")] == [
+        "memory 1.9/2 GB used (the cgroup's limit: past it the kernel kills the job)"]
+    assert m.as_json(["box"])["hosts"][0]["memory"] == {
+        "total_gb": 2.0, "available_gb": 0.1, "limit_gb": 2.0, "machine_gb": 23.5}
+    unlimited = line.replace(f"{2 * 1024**3} ", "9223372036854771712 ")
+    s2 = parse_sample(unlimited, "box")
+    assert s2 is not None and not s2.limited and s2.usable_gb == 23.5
