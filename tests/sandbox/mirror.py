@@ -18,7 +18,8 @@
 - ``/overlay/<name>/simple/``: the PyPI mirror as a test shapes it with ``overlay()``: extra
   wheels added to their projects (a fake ``torch`` of a higher version), projects it lacks (a
   mirror without uv), projects whose files are altered on the way (under their genuine sha256).
-- ``/gated/<name>/pytorch/<variant>/``: the PyTorch indexes again, whose wheels stop after
+- ``/gated/<name>/pytorch/<variant>/``, ``/gated/<name>/pypi/simple/``: the PyTorch indexes
+  and the PyPI mirror again, whose wheels stop after
   their first MiB while the test holds the gate ``<name>`` shut (``Gate``): an install that is
   downloading for as long as the test needs it to be, on any machine, with no timing guess; or
   (mode "stall") a mirror that stops sending mid-file and never resumes, or (mode "truncate")
@@ -282,7 +283,9 @@ class Handler(SimpleHTTPRequestHandler):
             self.wfile.write(data)
             self.sent += len(data)
 
-    def send_file(self, path: Path) -> None:
+    def send_file(self, path: Path, name: str | None = None) -> None:
+        """``path``'s bytes; ``name``: the file's name as served, where it is kept under another
+        (an upstream file, under its URL's hash)."""
         size = path.stat().st_size
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
@@ -294,7 +297,7 @@ class Handler(SimpleHTTPRequestHandler):
             while chunk := f.read(1 << 20):
                 self.wfile.write(chunk)
                 self.sent += len(chunk)
-                if self.gate and path.name.endswith(".whl"):
+                if self.gate and (name or path.name).endswith(".whl"):
                     if self.broken_at_gate():
                         self.close_connection = True
                         return  # the rest never comes: the client holds a short file
@@ -330,7 +333,7 @@ class Handler(SimpleHTTPRequestHandler):
         if not url.startswith("https://"):
             return self.send_error(403)
         path = self.content.upstream_file(url)
-        return self.send_file(path) if path else self.send_error(502)
+        return self.send_file(path, url.rsplit("/", 1)[-1]) if path else self.send_error(502)
 
     def metadata(self, ref: str) -> bytes | None:
         """A wheel's core metadata (its ``*.dist-info/METADATA``), as served at ``.metadata``."""
@@ -610,6 +613,7 @@ class Gate:
         self.shut.with_name(f"{name}.mode").write_text(mode)
         self.shut.touch()
         self.url = f"{base}/gated/{name}/pytorch"
+        self.pypi = f"{base}/gated/{name}/pypi/simple"  # the PyPI mirror behind the same gate
 
     def holding(self) -> bool:
         """A download has reached the gate and waits there (it stays true once it did)."""

@@ -1,8 +1,8 @@
-"""A PyTorch mirror that answers and then goes bad mid-file, on the sandbox's real mirror: it
-stalls after the first MiB of the torch wheel (a stuck CDN node) or closes the connection there
-(a truncated file). The install gives it up after mirrors.timeout without progress, names it,
-and takes the same build from the next listed mirror; nothing is left half installed, and no
-installer traceback reaches the user."""
+"""A mirror that answers and then goes bad mid-file, on the sandbox's real mirror: it stalls
+after the first MiB of a wheel (a stuck CDN node) or closes the connection there (a truncated
+file). The torch install, the recipe's packages (pip and uv) and the fetch of our uv give it up
+after mirrors.timeout without progress, name it, and take the same file from the next listed
+mirror; nothing is left half installed, and no installer traceback reaches the user."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from provision.ops.installer import load_uv
 from tests.conftest import Hosts, facts_json, gpu_provision
-from tests.sandbox import harness
+from tests.sandbox import harness, mirror
 from tests.sandbox.mirror import Gate
+
+UV = load_uv()
 
 pytestmark = pytest.mark.sandbox
 
@@ -38,6 +41,67 @@ def test_a_mirror_that_breaks_mid_file_is_named_and_the_next_one_serves(  # type
         f = facts_json(info, gp_home)
         env = next(e for e in f["envs"] if e["name"] == "torch")
         assert env["torch"].startswith("2.13.0")
+    finally:
+        gate.open()
+        harness.stop(info.id)
+
+
+def test_pip_stalling_mid_file_in_the_packages_step_goes_to_the_next_pypi_mirror(  # type: ignore[no-untyped-def]
+        hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    """The first PyPI mirror stalls mid-file on every wheel: our uv from it (the next mirror has
+    no uv, so pip installs) and the recipe's package. Both are given up after mirrors.timeout,
+    named, and the package comes from the next mirror."""
+    gate = Gate("pypi-stall", mode="stall")
+    second = mirror.overlay("no-uv", hide=["uv"])
+    info = hosts.fresh("image-conda")
+    try:
+        inv = info.inventory_with_mirrors(tmp_path / "bad.yaml", {
+            "pypi": [gate.pypi, second], "timeout": 5}, packages=["pycountry"])
+        r = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path, timeout=900)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        assert gate.holding()
+        log = info.path("/root/.gpu-provision/logs/packages.log").read_text()
+        assert (f"uv: mirror {gate.pypi} stalled or cut {UV.wheels['x86_64'].file} short (no "
+                "progress within 5s); trying the next PyPI mirror") in log
+        assert f"installer: pip, as uv {UV.version} cannot be had: mirror {gate.pypi} stalled" \
+            in log
+        assert (f"mirror {gate.pypi} stalled or cut a file short (no progress within 5s): giving "
+                "it up for this download") in log
+        assert log.index(f"--index-url {gate.pypi}/") < log.index(f"--index-url {second}/")
+        assert "Traceback" not in out + log
+        assert harness.in_host(info, "/opt/conda/bin/python", "-c",
+                               "import pycountry; print(len(pycountry.countries))").stdout.strip()
+    finally:
+        gate.open()
+        harness.stop(info.id)
+
+
+def test_a_truncated_uv_and_package_are_taken_from_the_next_pypi_mirror(  # type: ignore[no-untyped-def]
+        hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    """The first PyPI mirror cuts every wheel short: our uv is fetched whole from the next one
+    (its sha256 checked) and installs the recipe's package from there after the first mirror
+    cut it short too."""
+    gate = Gate("pypi-truncate", mode="truncate")
+    info = hosts.fresh("image-conda")
+    good = info.mirror["pypi"]
+    try:
+        inv = info.inventory_with_mirrors(tmp_path / "bad.yaml", {
+            "pypi": [gate.pypi, good], "timeout": 5}, packages=["pycountry"])
+        r = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path, timeout=900)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        log = info.path("/root/.gpu-provision/logs/packages.log").read_text()
+        assert (f"uv: mirror {gate.pypi} stalled or cut {UV.wheels['x86_64'].file} short (no "
+                "progress within 5s); trying the next PyPI mirror") in log
+        assert f"installer: uv {UV.version}, fetched into" in log
+        assert f"sha256 ok: {UV.wheels['x86_64'].sha256}" in log
+        assert (f"mirror {gate.pypi} stalled or cut a file short (no progress within 5s): giving "
+                "it up for this download") in log
+        assert log.index(f"--index-url {gate.pypi}/") < log.index(f"--index-url {good}/")
+        assert "Traceback" not in out + log
+        assert harness.in_host(info, "/opt/conda/bin/python", "-c",
+                               "import pycountry; print(len(pycountry.countries))").stdout.strip()
     finally:
         gate.open()
         harness.stop(info.id)
