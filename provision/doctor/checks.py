@@ -29,12 +29,61 @@ def _branches(packages: Sequence[str]) -> set[str]:
     return found
 
 
+BUSY_MIB = 512  # memory in use before a job above this: someone else is on the GPU
+
+
+def _ranges(indexes: list[int]) -> str:
+    """[0, 1, 2, 4, 5, 6, 7] -> "0-2, 4-7"."""
+    out: list[str] = []
+    for i in sorted(indexes):
+        if out and out[-1].split("-")[-1] == str(i - 1):
+            out[-1] = out[-1].split("-")[0] + f"-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out)
+
+
+def _busy_by_index(f: HostFacts) -> str | None:
+    """Each GPU in use, by index, with the processes on it (their GPU UUIDs) and its
+    utilisation, then the free ones to run on instead (the same words validation uses,
+    templates/gpu/gpu_verdict.py); None when the processes do not name their GPUs."""
+    by_uuid = {g.uuid: g for g in f.gpus if g.uuid and g.index is not None}
+    placed = [p for p in f.gpu_processes if p.gpu_uuid in by_uuid]
+    if not by_uuid or (f.gpu_processes and not placed):
+        return None
+    busy: dict[int, str] = {}
+    for g in f.gpus:
+        if g.index is None:
+            continue
+        mine = [p for p in placed if p.gpu_uuid == g.uuid]
+        if not mine and (g.memory_used_mib or 0) <= BUSY_MIB:
+            continue
+        held = sum(p.used_memory_mib or 0 for p in mine) or g.memory_used_mib or 0
+        who = ", ".join(f"pid {p.pid} ({p.name})" for p in mine[:3]) or "no process we can see"
+        util = f", {g.utilization_pct}% busy" if g.utilization_pct is not None else ""
+        busy[g.index] = f"GPU {g.index}: {held / 1024:.1f} GB held by {who}{util}"
+    if not busy:
+        return None
+    text = "; ".join(busy.values())
+    free = [g.index for g in f.gpus if g.index is not None and g.index not in busy]
+    if free:
+        many = len(free) > 1
+        text += (f"; GPU{'s' if many else ''} {_ranges(free)} {'are' if many else 'is'} free: "
+                 f"run with --gpus {','.join(map(str, free))}")
+    else:
+        text += "; no GPU is free (a shared or dirty instance)"
+    return text
+
+
 def busy(f: HostFacts) -> dict[str, str] | None:
+    by_index = _busy_by_index(f)
+    if by_index:
+        return {"busy": by_index}
     if f.gpu_processes:
         procs = ", ".join(f"{p.name} (pid {p.pid}, {p.used_memory_mib or '?'} MiB)"
                           for p in f.gpu_processes[:5])
         return {"busy": f"{len(f.gpu_processes)} process(es) already run on it: {procs}"}
-    used = [g for g in f.gpus if (g.memory_used_mib or 0) > 512]
+    used = [g for g in f.gpus if (g.memory_used_mib or 0) > BUSY_MIB]
     if used:
         return {"busy": "; ".join(f"GPU {g.index} has {g.memory_used_mib} MiB of "
                                   f"{g.memory_total_mib} MiB in use" for g in used)}
@@ -112,7 +161,8 @@ def limit_findings(f: HostFacts, platform: str | None = None) -> list[Finding]:
         except ConfigError:  # a platform unknown here: the generic fix
             pass
     return judge_limits(f.limits, memory_gb=f.memory_gb, cpu_cores=f.cpu_cores,
-                        container=f.virtualization.kind == "container", fixes=fixes)
+                        container=f.virtualization.kind == "container", fixes=fixes,
+                        devices={d.path: d.device for d in f.disks})
 
 
 def _limits(f: HostFacts, severity: str) -> dict[str, str] | None:

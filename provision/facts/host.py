@@ -50,6 +50,7 @@ class Disk:
     mount: str
     free_gb: float
     total_gb: float
+    device: str = ""  # df's first column: what `quota` names a file system by
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def parse_df(text: str) -> tuple[Disk, ...]:
         row = row_text.split()
         if len(row) >= 6 and row[1].isdigit() and row[3].isdigit():
             disks.append(Disk(path=path, mount=row[5], total_gb=round(int(row[1]) / 1048576, 1),
-                              free_gb=round(int(row[3]) / 1048576, 1)))
+                              free_gb=round(int(row[3]) / 1048576, 1), device=row[0]))
     return tuple(disks)
 
 
@@ -384,7 +385,8 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
                              .splitlines() if ln.strip()),
         login=(_ok(probes, "login") or "").strip(),
         limits=parse_limits(_ok(probes, "cgroup") or "", _ok(probes, "shm") or "",
-                            _ok(probes, "nofile") or "", _ok(probes, "inodes") or ""),
+                            _ok(probes, "nofile") or "", _ok(probes, "inodes") or "",
+                            _ok(probes, "quota") or ""),
         sudo_said=_sudo_said(uid, *_out(probes, "sudo")),
         running_jobs=tuple((w[0], int(w[1])) for w in (ln.split() for ln in
                            (_ok(probes, "jobs_running") or "").splitlines())

@@ -25,6 +25,8 @@ class Limits:
     open_files: int | None = None  # the soft open-files limit (ulimit -n)
     open_files_hard: int | None = None
     inodes: tuple[tuple[str, int, int], ...] = ()  # (path, free inodes, total inodes)
+    # the login's disk quotas `quota -w` reports: (file system, KiB used, KiB allowed)
+    quotas: tuple[tuple[str, int, int], ...] = ()
 
 
 def parse_cgroup(text: str) -> tuple[float | None, float | None]:
@@ -80,11 +82,31 @@ def parse_inodes(text: str) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-def parse_limits(cgroup: str, shm: str, nofile: str, inodes: str) -> Limits:
+def parse_quota(text: str) -> tuple[tuple[str, int, int], ...]:
+    """``quota -w`` (quota-tools; -w: a long file system name stays on its row) -> (file system,
+    KiB used, KiB allowed) for each file system where a block limit is set: the smaller of the
+    soft ("quota") and hard ("limit") limits that is not 0 (0: none). Its rows are
+    ``FILESYSTEM BLOCKS[*] QUOTA LIMIT [GRACE] FILES ...`` in 1 KiB blocks ("*": over the soft
+    limit); quota prints nothing where no quota is set, and is often not installed at all."""
+    out = []
+    for line in text.splitlines():
+        row = line.split()
+        if len(row) < 4 or not line[:1].isspace():
+            continue
+        used, soft, hard = row[1].rstrip("*"), row[2], row[3]
+        if not (used.isdigit() and soft.isdigit() and hard.isdigit()):
+            continue
+        limits = [int(x) for x in (soft, hard) if int(x) > 0]
+        if limits:
+            out.append((row[0], int(used), min(limits)))
+    return tuple(out)
+
+
+def parse_limits(cgroup: str, shm: str, nofile: str, inodes: str, quota: str = "") -> Limits:
     mem, cpu = parse_cgroup(cgroup)
     soft, hard = parse_nofile(nofile)
     return Limits(memory_limit_gb=mem, cpu_quota=cpu, shm_mb=parse_shm(shm), open_files=soft,
-                  open_files_hard=hard, inodes=parse_inodes(inodes))
+                  open_files_hard=hard, inodes=parse_inodes(inodes), quotas=parse_quota(quota))
 
 
 @dataclass(frozen=True)
@@ -104,13 +126,16 @@ class Finding:
 SHM_MIN_MB = 1024  # Docker's default is 64 MB (docs.docker.com, `docker run --shm-size`)
 OPEN_FILES_MIN = 4096
 INODES_MIN = 200_000
+QUOTA_LOW_GB = 5.0  # what is left under a disk quota below this: a pip install or checkpoint fails
 
 
 def judge(lim: Limits, *, memory_gb: float, cpu_cores: int, container: bool,
-          fixes: Mapping[str, str] | None = None) -> list[Finding]:
+          fixes: Mapping[str, str] | None = None,
+          devices: Mapping[str, str] | None = None) -> list[Finding]:
     """The limits a job will meet, each with its fix (validate and doctor show the same).
     ``fixes``: a known platform's own words for raising one ("shm", "nofile": its
-    ``limits_fix``), which replace the generic container or VM fix."""
+    ``limits_fix``), which replace the generic container or VM fix; ``devices``: each data
+    path's file system (df's first column), to name the paths a quota holds."""
     fixes = fixes or {}
     out: list[Finding] = []
     if lim.memory_limit_gb is not None and memory_gb and lim.memory_limit_gb < 0.95 * memory_gb:
@@ -148,6 +173,17 @@ def judge(lim: Limits, *, memory_gb: float, cpu_cores: int, container: bool,
         out.append(Finding("warn", f"the open-files limit is {lim.open_files}: DataLoader "
                                    "workers and many-file datasets run out (\"Too many open "
                                    "files\")", fix))
+    for fs, used, allowed in lim.quotas:
+        left = max(0, allowed - used) / 1024**2
+        if left < QUOTA_LOW_GB or used >= 0.95 * allowed:
+            on = [p for p, dev in (devices or {}).items() if dev == fs]
+            where = f" ({', '.join(on)})" if on else ""
+            out.append(Finding("warn", f"your disk quota on {fs}{where} allows "
+                                       f"{allowed / 1024**2:.1f} GB and {used / 1024**2:.1f} GB "
+                                       f"are used: {left:.1f} GB left, whatever df shows free",
+                               "remove what is not needed (`conda clean -a`, `pip cache purge`, "
+                               "old checkpoints), ask the admin for a larger quota, or set "
+                               "data_dir to a file system without one (`quota -s` shows it)"))
     for path, free, total in lim.inodes:
         if free < INODES_MIN or free < 0.05 * total:
             out.append(Finding("warn", f"the file system of {path} has {free} inodes free of "

@@ -56,6 +56,7 @@ class GpuProcess:
     pid: int
     name: str
     used_memory_mib: int | None
+    gpu_uuid: str | None = None  # the GPU it runs on (nvidia-smi's UUID), where asked for
 
 
 def _na(value: str | None) -> str | None:
@@ -148,12 +149,18 @@ def parse_query_gpu(text: str, fields: tuple[str, ...] | None = None) -> tuple[G
 
 
 def parse_compute_apps(text: str) -> tuple[GpuProcess, ...]:
-    """``--query-compute-apps=pid,process_name,used_memory --format=csv,noheader``."""
+    """``--query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader``
+    (the GPU's UUID first: "GPU-..." or "MIG-..."), or the same without ``gpu_uuid``. A
+    process name nvidia-smi cannot read is "[Not Found]"."""
     out = []
     for row in csv.reader(io.StringIO(text), skipinitialspace=True):
+        uuid = None
+        if row and row[0].strip().startswith(("GPU-", "MIG-")):
+            uuid, row = row[0].strip(), row[1:]
         if len(row) >= 2 and row[0].strip().isdigit():
             out.append(GpuProcess(pid=int(row[0]), name=row[1].strip(),
-                                  used_memory_mib=_int(row[2]) if len(row) > 2 else None))
+                                  used_memory_mib=_int(row[2]) if len(row) > 2 else None,
+                                  gpu_uuid=uuid))
     return tuple(out)
 
 

@@ -16,7 +16,7 @@ from ..config.minimums import KEYS as MINIMUM_KEYS
 from ..config.minimums import Resources
 from ..config.minimums import judge as judge_minimums
 from ..config.shipped import data_file, templates_dir
-from ..facts.host import HostFacts
+from ..facts.host import Disk, HostFacts
 from ..remote.templating import render
 from ..wheels.rule import TorchChoice
 from ..wheels.simpleindex import variant_index
@@ -107,10 +107,17 @@ def host_resources(facts: HostFacts) -> Resources:
     # the judgement takes the smaller and says which it was ("(the cgroup's limit)")
     return Resources(cpu_cores=facts.cpu_cores or None, memory_gb=facts.memory_gb or None,
                      memory_limit_gb=lim.memory_limit_gb, cpu_limit=lim.cpu_quota,
-                     free_disk_gb={d.path: d.free_gb for d in facts.disks},
+                     free_disk_gb={d.path: _under_quota(d, lim.quotas) for d in facts.disks},
                      disk_total_gb={d.path: d.total_gb for d in facts.disks},
                      gpu_memory_gb=tuple(round(g.memory_total_mib / 1024, 1) for g in facts.gpus
                                          if g.memory_total_mib))
+
+
+def _under_quota(d: Disk, quotas: tuple[tuple[str, int, int], ...]) -> float:
+    """The GB a job can write to ``d``: df's free space, or less where the login's disk quota on
+    that file system leaves less."""
+    left = [max(0, allowed - used) / 1024**2 for fs, used, allowed in quotas if fs == d.device]
+    return round(min([d.free_gb, *left]), 1)
 
 
 def measured_resources(m: Mapping[str, Any]) -> Resources:

@@ -950,8 +950,16 @@ def nvidia_smi(args: list[str], st: dict) -> int:
         sys.stdout.write(out.getvalue())
         return 0
     if apps is not None:
+        # the fields asked for, in their order, as nvidia-smi prints them (noheader): a process
+        # runs on the GPU its state names (gpu_uuid), else on the first GPU
+        first = (gpu["rows"][0].get("uuid") if gpu["rows"] else None) or "[N/A]"
         for p in st.get("processes", []):
-            sys.stdout.write(f"{p['pid']}, {p['name']}, {p['used_memory']} MiB\n")
+            cells = {"gpu_uuid": p.get("gpu_uuid") or first, "pid": str(p["pid"]),
+                     "process_name": p["name"], "name": p["name"],
+                     "used_memory": f"{p['used_memory']} MiB",
+                     "used_gpu_memory": f"{p['used_memory']} MiB"}
+            sys.stdout.write(", ".join(cells.get(f.strip(), "[N/A]") for f in apps.split(","))
+                             + "\n")
         return 0
     for flags, key in ((("-L",), "list"), (("-q", "-x"), "qx"), (("-q",), "q"), (("-a",), "q"),
                        (("--version",), "version")):

@@ -163,3 +163,58 @@ def test_a_known_platform_gets_its_own_words_for_the_fix() -> None:
     other = next(f for f in limit_findings(replace(facts, platform="runpod"))
                  if "/dev/shm" in f.text)
     assert other.fix.startswith("start the container with --shm-size=16g")
+
+
+def test_a_busy_gpu_is_named_by_index_with_the_free_ones() -> None:
+    """A captured 8x H200 (tests/fixtures/nvidia-smi/*-8xh200-after.csv): four GPUs held by
+    processes that nvidia-smi places by GPU UUID (one whose name it cannot read), two with a few
+    hundred MiB of someone's context left (below the busy mark); doctor names each busy GPU by
+    index and the free ones to run on."""
+    from provision.doctor.match import diagnose
+    from provision.facts.nvidia import parse_compute_apps
+    from tests.cases import captured
+    smi = FX.parent / "nvidia-smi"
+    apps = (smi / "query-compute-apps-gpu_uuid-pid-name-mem-8xh200-after.csv").read_text()
+    noheader = "\n".join(apps.splitlines()[1:])  # as the facts ask for it
+    facts = captured("h200", {
+        "smi_query": (smi / "query-gpu-index-uuid-memused-memtotal-util-8xh200-after.csv").read_text(),
+        "smi_apps": noheader})
+    procs = parse_compute_apps(noheader)
+    assert [(p.pid, p.gpu_uuid[:12] if p.gpu_uuid else None) for p in procs][-1] == \
+        (1758887, "GPU-28780eb0")
+    busy = {d.id: d for d in diagnose({}, facts=facts)}["gpu-busy"]
+    assert busy.diagnosis == (
+        "The GPU is already in use before your job: GPU 0: 127.0 GB held by pid 1328667 "
+        "(/usr/local/bin/python3.10), 100% busy; GPU 1: 127.0 GB held by pid 1328668 "
+        "(/usr/local/bin/python3.10), 100% busy; GPU 3: 126.9 GB held by pid 1328669 "
+        "(/usr/local/bin/python3.10), 100% busy; GPU 7: 56.7 GB held by pid 1758887 "
+        "([Not Found]), 0% busy; GPUs 2, 4-6 are free: run with --gpus 2,4,5,6. A shared or "
+        "dirty instance gives you less than you pay for.")
+    assert "--query-compute-apps=gpu_uuid,pid,process_name,used_memory" in busy.fix
+
+
+def test_a_disk_quota_is_judged_like_free_disk() -> None:
+    """``quota -u wp`` at its limit (tests/fixtures/limits/quota-u-wp-at-limit-linux2.2.txt:
+    10 KiB allowed, 4 used on /dev/hda6): the data path on that file system is named, the
+    recipe's free-disk minimum counts what the quota leaves, and no quota is no finding."""
+    from dataclasses import replace
+
+    from provision.config.minimums import shortfalls
+    from provision.doctor.checks import limit_findings
+    from provision.facts.host import Disk
+    from provision.facts.limits import parse_quota
+    from provision.ops.validate import host_resources
+    from tests.cases import captured
+    text = (FX / "quota-u-wp-at-limit-linux2.2.txt").read_text()
+    assert parse_quota(text) == (("/dev/hda6", 4, 10),)
+    assert parse_quota("") == ()  # quota not installed, or no quota set: it prints nothing
+    facts = captured("autodl", {"quota": text})
+    facts = replace(facts, disks=(Disk("/data", "/data", 900.0, 1000.0, "/dev/hda6"),))
+    [q] = [f for f in limit_findings(facts) if "quota" in f.text]
+    assert q.line.startswith("your disk quota on /dev/hda6 (/data) allows 0.0 GB and 0.0 GB are "
+                             "used: 0.0 GB left, whatever df shows free; fix: remove what is not "
+                             "needed")
+    assert shortfalls({"min_free_disk_gb": 10}, host_resources(facts), "the recipe") == [
+        "free disk /data: 0.0 GB free of 1000.0 GB, the recipe wants 10 GB "
+        "(validation.min_free_disk_gb)"]
+    assert not [f for f in limit_findings(captured("autodl", {"quota": ""})) if "quota" in f.text]
