@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from ..facts.fabric import fabric_ready, fabric_summary
-from ..facts.host import HostFacts
 from ..config.recipes import load_platform
 from ..errors import ConfigError
+from ..facts.fabric import fabric_ready, fabric_summary
+from ..facts.host import HostFacts
 from ..facts.limits import Finding
 from ..facts.limits import judge as judge_limits
 

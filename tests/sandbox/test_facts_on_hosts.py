@@ -221,3 +221,23 @@ def test_plan_rejects_bad_cli_values(hosts: Hosts, gp_home: Path) -> None:
     info = hosts.get("cpu-only")
     r = gpu_provision("-H", info.inventory, "plan", "--env-name", "a b;rm -rf /", home=gp_home)
     assert r.returncode == 2 and "--env-name: 'a b;rm -rf /' is not a valid name" in r.stderr  # a usage error
+
+
+def test_a_busy_gpu_is_named_by_index_over_ssh(hosts: Hosts, gp_home: Path) -> None:
+    """An 8x H100 box (its captured nvidia-smi -q: each GPU's UUID) where someone's job runs on
+    the fourth GPU: the facts ask nvidia-smi for each process's GPU UUID, and doctor names that
+    GPU by its index and the seven free ones to run on."""
+    third = "GPU-d1838e76-90e6-4408-711d-aeeaa2e1fd14"  # index 3 in q-8xh100-80gb-hbm3-565.57.01
+    info = hosts.fresh("hgx-h100", processes=[{"pid": 1187424, "name": "python",
+                                                "used_memory": 21205, "gpu_uuid": third}])
+    try:
+        f = facts_json(info, gp_home)
+        assert [(p["pid"], p["gpu_uuid"]) for p in f["gpu_processes"]] == [(1187424, third)]
+        r = gpu_provision("-H", info.inventory, "doctor", "--json", home=gp_home)
+        busy = {d["id"]: d for d in json.loads(r.stdout)}["gpu-busy"]
+        assert "GPU 3: 20.7 GB held by pid 1187424 (python), 0% busy; GPUs 0-2, 4-7 are free: " \
+               "run with --gpus 0,1,2,4,5,6,7." in busy["diagnosis"]
+        assert any("--query-compute-apps=gpu_uuid,pid,process_name,used_memory" in c["argv"]
+                   for c in info.calls("nvidia-smi"))
+    finally:
+        harness.stop(info.id)

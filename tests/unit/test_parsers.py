@@ -219,6 +219,8 @@ QUERY = [
     ("query-gpu-noheader-4xrtx3090-580.126.20.csv",
      ("index", "name", "driver_version", "memory.total"), 4,
      ("NVIDIA GeForce RTX 3090", "580.126.20", 24576, None, None, None)),
+    ("query-gpu-index-uuid-memused-memtotal-util-8xh200-after.csv", None, 8,
+     ("unknown GPU", None, 143771, 130013, None, 100)),
 ]
 
 
