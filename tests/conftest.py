@@ -65,8 +65,8 @@ _SKIPPED: list[tuple[str, str]] = []
 # together; a file not listed runs after these. The order changes how long a run takes, never
 # what it checks.
 HEAVIEST_FIRST = (
-    "sandbox/test_bad_mirror.py",  # 261 s alone, 475 s under load (four bootstraps: the torch
-    # step and the packages step, each against a stalling and a truncating mirror)
+    "sandbox/test_bad_mirror.py",  # 261 s alone (four bootstraps: the torch step and the
+    # packages step, each against a stalling and a truncating mirror; two took 475 s under load)
     "sandbox/test_logins.py",  # 265 s alone while 8 other test processes ran (two sudo driver
     # installs with a reboot, one full bootstrap as a login without sudo)
     "sandbox/test_autostop.py",  # 376 s (many idle periods and stops, on a busy machine)
