@@ -193,11 +193,22 @@ class HostView:
 
     @property
     def memory_gb(self) -> float | None:
-        return self.facts.memory_gb if self.facts is not None and self.facts.memory_gb else None
+        """The memory a job can use: in a limited container the cgroup's limit, not the
+        machine's RAM /proc/meminfo shows."""
+        if self.facts is None or not self.facts.memory_gb:
+            return None
+        limit = self.facts.limits.memory_limit_gb
+        return min(self.facts.memory_gb, limit) if limit else self.facts.memory_gb
 
     def ram_text(self) -> str:
         mem = self.memory_gb
-        return f"; this host has {mem:g} GB of RAM" if mem else ""
+        if not mem:
+            return ""
+        f = self.facts
+        cgroup = f is not None and f.limits.memory_limit_gb is not None and \
+            f.limits.memory_limit_gb < f.memory_gb
+        return f"; a job here can use {mem:g} GB of RAM (the cgroup's limit)" if cgroup else \
+            f"; this host has {mem:g} GB of RAM"
 
     def biggest_disk(self) -> str | None:
         """The data path with the most free space (for TMPDIR and caches)."""

@@ -218,3 +218,17 @@ def test_a_disk_quota_is_judged_like_free_disk() -> None:
         "free disk /data: 0.0 GB free of 1000.0 GB, the recipe wants 10 GB "
         "(validation.min_free_disk_gb)"]
     assert not [f for f in limit_findings(captured("autodl", {"quota": ""})) if "quota" in f.text]
+
+
+def test_an_oom_in_a_limited_container_names_the_cgroups_memory() -> None:
+    """doctor's out-of-memory diagnoses say what a job could use: the cgroup's 8 GiB (captured
+    v1 file), not the machine's RAM the facts' /proc/meminfo shows."""
+    from provision.doctor.context import HostView
+    from tests.cases import captured
+    facts = captured("h200", {"cgroup": lines((V1_MEM, "v1-memory.limit_in_bytes-8G.txt"))})
+    assert facts.memory_gb > 8
+    view = HostView("box", facts)
+    assert view.memory_gb == 8.0
+    assert view.ram_text() == "; a job here can use 8 GB of RAM (the cgroup's limit)"
+    plain = HostView("box", captured("h200", {}))
+    assert plain.ram_text() == f"; this host has {plain.memory_gb:g} GB of RAM"
