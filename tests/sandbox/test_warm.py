@@ -56,8 +56,12 @@ def warmed(k: Kept, *args: str) -> None:
 
 def popen(k: Kept, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, **k.env, "GPU_PROVISION_HOME": str(k.home), "COLUMNS": "200"}
+    # a process group of its own, as a shell gives each job: a group whose parent is in the same
+    # session is not orphaned, so Ctrl-Z (SIGTSTP) stops it; the kernel discards SIGTSTP in an
+    # orphaned group, which is what a test run started by setsid or nohup would otherwise be
     return subprocess.Popen([sys.executable, "-m", "provision", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            process_group=0)
 
 
 def test_a_warm_worker_is_the_command_itself(hosts: Hosts, kept: Kept, tmp_path: Path) -> None:
