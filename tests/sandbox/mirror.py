@@ -493,13 +493,19 @@ class Handler(SimpleHTTPRequestHandler):
 
 def serve(root: Path, port: int) -> None:
     Handler.content = Content(root)
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server = Server(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     tmp = root / "ready.tmp"  # renamed: a reader never sees an empty file
     tmp.write_text(str(os.getpid()))
     tmp.rename(root / "ready")
     server.serve_forever()
+
+
+class Server(ThreadingHTTPServer):
+    # a test run's many hosts fetch at once (and stalled downloads hold their connections):
+    # socketserver's backlog of 5 would drop new connections, which a client sees as no answer
+    request_queue_size = 128
 
 
 def _state_file() -> Path:
@@ -514,12 +520,23 @@ def urls(base: str) -> dict[str, str]:
 
 
 def _alive(state: dict[str, Any]) -> bool:
+    """The recorded mirror runs and answers; one that runs but does not answer (wedged) is
+    stopped here, so that the one started in its place is the only one left."""
     try:
         os.kill(state["pid"], 0)
-        with socket.create_connection(("127.0.0.1", state["port"]), timeout=1):
-            return True
     except OSError:
         return False
+    for _ in range(3):  # a busy machine can be slow to take a connection
+        try:
+            with socket.create_connection(("127.0.0.1", state["port"]), timeout=5):
+                return True
+        except OSError:
+            time.sleep(0.5)
+    try:
+        os.killpg(state["pid"], signal.SIGTERM)
+    except OSError:
+        pass
+    return False
 
 
 def ensure() -> dict[str, str]:
