@@ -23,6 +23,7 @@ from tests.sandbox.test_image_pythons import (
     not_downloaded,
     plan_json,
     report_of,
+    unshared,
 )
 from tests.sandbox.test_installer import fake_wheels, with_pypi
 
@@ -55,11 +56,11 @@ def test_a_user_site_torch_of_a_login_without_sudo(hosts: Hosts, gp_home: Path,
         assert decision(plan, "env")["action"] == \
             "make ~/.gpu-provision/venv over /usr/bin/python3.11"
 
+        inv = unshared(info.inventory_with(tmp_path / "inv" / f"{info.id}.yaml"), info)
         since = mirror.log_offset()
-        r = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path,
-                          timeout=600)
+        r = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path, timeout=600)
         assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
-        not_downloaded(since)
+        not_downloaded(since, info)
         assert platform_torch_files(info, f"{HOME}/.local") == before  # not touched
         report = report_of(tmp_path, info.id)
         assert (report["python"], report["torch_file"]) == (

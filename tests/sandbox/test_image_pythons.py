@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import Hosts, facts_json, gpu_provision
 from tests.sandbox import harness, mirror
@@ -59,10 +60,23 @@ def report_of(tmp_path: Path, host: str) -> dict[str, object]:
     return json.loads(path.read_text())  # type: ignore[no-any-return]
 
 
-def not_downloaded(since: int) -> None:
-    """Nothing of Miniconda and no torch came from the mirror since ``since``."""
+def unshared(inventory: str, info: harness.HostInfo) -> str:
+    """``inventory`` with its Miniconda and PyTorch mirrors under a path of this host's own (the
+    mirror serves nothing there): the access log is shared by every test running at once, and
+    a request of this host's must be told from theirs. A Miniconda or a torch this host did
+    need would fail its bootstrap; one it asked for shows in ``not_downloaded``."""
+    data = yaml.safe_load(Path(inventory).read_text())
+    base = data["mirrors"]["miniconda"].rsplit("/miniconda", 1)[0]
+    data["mirrors"] = {**data["mirrors"], "miniconda": f"{base}/only-{info.id}/miniconda",
+                       "pytorch": f"{base}/only-{info.id}/pytorch"}
+    Path(inventory).write_text(yaml.safe_dump(data))
+    return inventory
+
+
+def not_downloaded(since: int, info: harness.HostInfo) -> None:
+    """This host asked the mirror for nothing of Miniconda and no torch since ``since``."""
     served = [line for line, _ in mirror.requests(since)]
-    assert not [s for s in served if "/miniconda/" in s or "/pytorch/" in s], served
+    assert not [s for s in served if f"/only-{info.id}/" in s], served
 
 
 def test_a_named_conda_env_of_the_image_is_used_as_it_is(hosts: Hosts, gp_home: Path,
@@ -80,11 +94,11 @@ def test_a_named_conda_env_of_the_image_is_used_as_it_is(hosts: Hosts, gp_home: 
             "adopt the image's env 'pytorch' (python 3.11, torch 2.13.0+cpu)"
         assert plan["changes"] == []
 
+        inv = unshared(info.inventory_with(tmp_path / "inv" / f"{info.id}.yaml"), info)
         since = mirror.log_offset()
-        r = gpu_provision("-H", info.inventory, "bootstrap", home=gp_home, cwd=tmp_path,
-                          timeout=600)
+        r = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path, timeout=600)
         assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
-        not_downloaded(since)
+        not_downloaded(since, info)
         assert not info.path("/root/miniconda3").exists()
         assert platform_torch_files(info, env) == before  # not touched
         report = report_of(tmp_path, info.id)
@@ -106,7 +120,8 @@ def test_the_system_python_torch_is_used_through_a_venv_over_it(hosts: Hosts, gp
         # what a recipe adds: a package that needs torch, from a PyPI mirror that also serves a
         # higher (fake) torch: pip, seeing the image's torch through the venv, installs neither
         pypi = mirror.overlay("image-pythons", wheels=fake_wheels(tmp_path / "wheels"))
-        inv = with_pypi(info, tmp_path / "inv" / "box.yaml", pypi, packages=["needs-torch"])
+        inv = unshared(with_pypi(info, tmp_path / "inv" / "box.yaml", pypi,
+                                 packages=["needs-torch"]), info)
         plan = plan_json(inv, gp_home)
         assert [d["reason"] for d in decisions(plan, "image")] == [
             "/usr/bin/python3.11 (the image's system python 3.11) has torch 2.13.0+cpu, which "
@@ -120,7 +135,7 @@ def test_the_system_python_torch_is_used_through_a_venv_over_it(hosts: Hosts, gp
         since = mirror.log_offset()
         r = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path, timeout=600)
         assert r.returncode == 0 and "verdict: PASS" in r.stdout, r.stdout + r.stderr
-        not_downloaded(since)
+        not_downloaded(since, info)
         assert not info.path("/root/miniconda3").exists()
         assert platform_torch_files(info, "/usr/local") == before  # not touched
         packages = info.path("/root/.gpu-provision/logs/packages.log").read_text()
