@@ -14,11 +14,14 @@ def main() -> None:
         print(f"gpu-provision {__version__}")
         return
     from . import warm
-    code = warm.run_warm(argv)
-    if code is not None:
-        sys.exit(code)
+    path = warm.socket_for(argv)
+    if path is not None:
+        code = warm.run_warm(path, argv)
+        if code is not None:
+            sys.exit(code)
     from .main import main as run
     try:
         run()
     finally:
-        warm.start_server(argv)
+        if path is not None:
+            warm.start_server(path)

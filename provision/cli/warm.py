@@ -82,8 +82,9 @@ def code_key(root: Path | None = None) -> str:
     return h.hexdigest()
 
 
-def socket_path() -> str | None:
-    d = run_dir()
+def socket_for(argv: list[str]) -> str | None:
+    """The warm server's socket for this command line; None when it may not be served warm."""
+    d = run_dir() if wanted(argv) else None
     return None if d is None else str(d / f"{PREFIX}{code_key()[:17]}")
 
 
@@ -153,13 +154,10 @@ class Relay:
             os.kill(os.getpid(), signum)
 
 
-def run_warm(argv: list[str]) -> int | None:
-    """Run this command through the warm server and return its exit code; None when there is no
-    server to take it (the caller runs it here)."""
-    if not wanted(argv):
-        return None
-    path = socket_path()
-    if path is None or not os.path.exists(path):
+def run_warm(path: str, argv: list[str]) -> int | None:
+    """Run this command through the warm server at ``path`` and return its exit code; None when
+    there is no server to take it (the caller runs it here)."""
+    if not os.path.exists(path):
         return None
     relay = Relay()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -184,13 +182,12 @@ def run_warm(argv: list[str]) -> int | None:
     return 1
 
 
-def start_server(argv: list[str]) -> None:
-    """After a command that ran here: start a warm server for the next one (it imports the
-    program in the background and ends by itself; one per socket: the others see its lock)."""
-    if not wanted(argv):
-        return
-    idle, path = idle_seconds(), socket_path()
-    if idle is None or path is None or os.path.exists(path):
+def start_server(path: str) -> None:
+    """After a command that ran here: start a warm server at ``path`` for the next one (it
+    imports the program in the background and ends by itself). A server already there holds its
+    lock, and the new one ends at once; a socket left by a killed one is replaced."""
+    idle = idle_seconds()
+    if idle is None:
         return
     root = str(Path(__file__).resolve().parents[2])
     rest = os.environ.get("PYTHONPATH")

@@ -231,16 +231,8 @@ def main() -> None:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return  # another command started it already
-    if os.path.exists(path):  # a server of this code answers there, or one that was killed
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-            return
-        except OSError:
-            pass
-        finally:
-            probe.close()
+        return  # a server of this code runs (it holds the lock while it lives)
+    # holding the lock, a socket at ``path`` is a killed server's: bind replaces it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # ends through the finally below
     preload()
     from ..remote.rundir import bind

@@ -153,3 +153,19 @@ def test_keepers_stop_ends_the_warm_start(hosts: Hosts, kept: Kept) -> None:
     kept.ok("-H", info.inventory, "jobs", "--json")  # runs here again, and warms up anew
     assert time.monotonic() - start < 60
     harness.wait_until(lambda: len(warm_pids(kept)) == 1, "a new warm server")
+
+
+def test_a_killed_servers_socket_is_replaced(hosts: Hosts, kept: Kept) -> None:
+    info = hosts.get("cpu-only")
+    warmed(kept, "-H", info.inventory, "jobs", "--json")
+    [pid] = warm_pids(kept)
+    [sock] = [p for p in kept.run_dir.glob("w-*") if p.is_socket()]
+    os.kill(pid, signal.SIGKILL)  # no chance to remove its socket
+    harness.wait_until(lambda: not warm_pids(kept), "the server to die", timeout=10)
+    assert sock.exists()
+    kept.ok("-H", info.inventory, "jobs", "--json")  # runs here, and starts a new server
+    harness.wait_until(lambda: warm_rows(kept), "a new warm server at the same socket")
+    [row] = warm_rows(kept)
+    assert row["pid"] != pid and row["served"] == 0
+    kept.ok("-H", info.inventory, "jobs", "--json")
+    assert served(kept) == 1
