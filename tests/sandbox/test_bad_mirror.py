@@ -6,6 +6,7 @@ mirror; nothing is left half installed, and no installer traceback reaches the u
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,25 @@ def test_a_mirror_that_breaks_mid_file_is_named_and_the_next_one_serves(  # type
         harness.stop(info.id)
 
 
+def given_up_for_the_next(info: harness.HostInfo, r: subprocess.CompletedProcess[str], bad: str,
+                          next_: str) -> str:
+    """The bootstrap passed; the packages step's log says uv's fetch and pip's download gave
+    ``bad`` up after the 5 s timeout and went to ``next_``; the package imports. Returns the
+    log."""
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    log = info.path("/root/.gpu-provision/logs/packages.log").read_text()
+    assert (f"uv: mirror {bad} stalled or cut {UV.wheels['x86_64'].file} short (no "
+            "progress within 5s); trying the next PyPI mirror") in log
+    assert (f"mirror {bad} stalled or cut a file short (no progress within 5s): giving "
+            "it up for this download") in log
+    assert log.index(f"--index-url {bad}/") < log.index(f"--index-url {next_}/")
+    assert "Traceback" not in out + log
+    assert harness.in_host(info, "/opt/conda/bin/python", "-c",
+                           "import pycountry; print(len(pycountry.countries))").stdout.strip()
+    return log
+
+
 def test_pip_stalling_mid_file_in_the_packages_step_goes_to_the_next_pypi_mirror(  # type: ignore[no-untyped-def]
         hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
     """The first PyPI mirror stalls mid-file on every wheel: our uv from it (the next mirror has
@@ -58,20 +78,10 @@ def test_pip_stalling_mid_file_in_the_packages_step_goes_to_the_next_pypi_mirror
         inv = info.inventory_with_mirrors(tmp_path / "bad.yaml", {
             "pypi": [gate.pypi, second], "timeout": 5}, packages=["pycountry"])
         r = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path, timeout=900)
-        out = r.stdout + r.stderr
-        assert r.returncode == 0, out
+        log = given_up_for_the_next(info, r, gate.pypi, second)
         assert gate.holding()
-        log = info.path("/root/.gpu-provision/logs/packages.log").read_text()
-        assert (f"uv: mirror {gate.pypi} stalled or cut {UV.wheels['x86_64'].file} short (no "
-                "progress within 5s); trying the next PyPI mirror") in log
         assert f"installer: pip, as uv {UV.version} cannot be had: mirror {gate.pypi} stalled" \
             in log
-        assert (f"mirror {gate.pypi} stalled or cut a file short (no progress within 5s): giving "
-                "it up for this download") in log
-        assert log.index(f"--index-url {gate.pypi}/") < log.index(f"--index-url {second}/")
-        assert "Traceback" not in out + log
-        assert harness.in_host(info, "/opt/conda/bin/python", "-c",
-                               "import pycountry; print(len(pycountry.countries))").stdout.strip()
     finally:
         gate.open()
         harness.stop(info.id)
@@ -89,19 +99,9 @@ def test_a_truncated_uv_and_package_are_taken_from_the_next_pypi_mirror(  # type
         inv = info.inventory_with_mirrors(tmp_path / "bad.yaml", {
             "pypi": [gate.pypi, good], "timeout": 5}, packages=["pycountry"])
         r = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path, timeout=900)
-        out = r.stdout + r.stderr
-        assert r.returncode == 0, out
-        log = info.path("/root/.gpu-provision/logs/packages.log").read_text()
-        assert (f"uv: mirror {gate.pypi} stalled or cut {UV.wheels['x86_64'].file} short (no "
-                "progress within 5s); trying the next PyPI mirror") in log
+        log = given_up_for_the_next(info, r, gate.pypi, good)
         assert f"installer: uv {UV.version}, fetched into" in log
         assert f"sha256 ok: {UV.wheels['x86_64'].sha256}" in log
-        assert (f"mirror {gate.pypi} stalled or cut a file short (no progress within 5s): giving "
-                "it up for this download") in log
-        assert log.index(f"--index-url {gate.pypi}/") < log.index(f"--index-url {good}/")
-        assert "Traceback" not in out + log
-        assert harness.in_host(info, "/opt/conda/bin/python", "-c",
-                               "import pycountry; print(len(pycountry.countries))").stdout.strip()
     finally:
         gate.open()
         harness.stop(info.id)
