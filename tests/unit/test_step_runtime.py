@@ -1,0 +1,110 @@
+"""The step script (templates/remote/step.sh.j2) and ``cancel`` (templates/remote/cancel.sh.j2)
+run by real bash here, with a home of their own: a second run of the same step follows it to its
+end, a run of other inputs is refused at once, and cancel ends the step's whole session, frees
+the lock, leaves the pid file so the next run redoes it, and tells the followers why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from provision.remote.runtime import (
+    CANCELLED,
+    LOCKED,
+    MARKER,
+    REFUSED,
+    cancel_script,
+    detached_script,
+    split_result,
+    stopped_text,
+)
+
+# the body leaves a grandchild in a subshell of its own: a kill of the body's pid alone would
+# leave it running, with the lock
+BODY = "echo started; (sleep 307; echo never) & sleep 306; echo never"
+
+
+def _bash(script: str, home: Path, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(["bash", "-c", script], env={**os.environ, "HOME": str(home)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)  # type: ignore[call-overload]
+
+
+def _sleeps() -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and (p / "cmdline").read_bytes() in (b"sleep\x00306\x00",
+                                                                     b"sleep\x00307\x00"):
+                out.append(int(p.name))
+        except OSError:
+            continue
+    return out
+
+
+def _wait(cond: object, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_follow_refuse_and_cancel(tmp_path: Path) -> None:
+    state = tmp_path / ".gpu-provision"
+    first = _bash(detached_script("torch", BODY, inputs="abc"), tmp_path)
+    try:
+        _wait(lambda: len(_sleeps()) == 2 and (state / "steps/torch.pid").exists(),
+              "the body never started")
+        second = _bash(detached_script("torch", BODY, inputs="abc"), tmp_path)
+        _wait(lambda: (state / "logs/torch.log").exists(), "no log")
+        started = time.monotonic()
+        other = subprocess.run(["bash", "-c", detached_script("torch", "true", inputs="xyz")],
+                               env={**os.environ, "HOME": str(tmp_path)}, capture_output=True,
+                               text=True, timeout=30)
+        assert time.monotonic() - started < 2  # at once: the running step is another's
+        assert other.returncode == LOCKED
+        [said] = [ln for ln in other.stderr.splitlines() if ln.startswith(REFUSED)]
+        assert said.startswith(f"{REFUSED}another run holds the lock on this host: ")
+        assert said.endswith("step torch since " + said.split(" since ")[1].split(" ")[0] +
+                             " (it runs step torch with other inputs than this run's)")
+
+        stop = subprocess.run(["bash", "-c", cancel_script()], env={**os.environ,
+                              "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        [row] = [json.loads(ln) for ln in stop.stdout.splitlines()]
+        assert row["stopped"] and row["left"] == 0 and row["lock"] == "free"
+        assert row["processes"] >= 3  # the wrapper, the body, its subshell and the sleeps
+        assert not _sleeps()  # the whole session ended, the grandchild too
+        assert stopped_text([row]).startswith("stopped step 'torch' on the host (pid ")
+
+        errs = []
+        for run in (first, second):  # each follower ends with the step, and says why
+            out, err = run.communicate(timeout=30)
+            assert run.returncode == CANCELLED, err
+            log, line = split_result(out)
+            assert line is not None and line["exit"] == CANCELLED and log.startswith("started")
+            assert any(ln.startswith(f"{REFUSED}stopped on the host: ") for ln in err.splitlines())
+            errs.append(err)
+        assert "gpu-provision: re-attaching to torch (pid " in errs[1]  # it followed the first
+        # marked for the next run: a pid file without an exit code; the journal says so
+        assert (state / "steps/torch.pid").exists() and not (state / "steps/torch.rc").exists()
+        entry = json.loads((state / "steps/torch.json").read_text())
+        assert (entry["result"], entry["exit"], entry["inputs"]) == ("cancelled", 130, "abc")
+        # the lock is free: the next run of the step starts at once
+        again = subprocess.run(["bash", "-c", detached_script("torch", "echo again", inputs="abc")],
+                               env={**os.environ, "HOME": str(tmp_path)}, capture_output=True,
+                               text=True, timeout=30)
+        assert again.returncode == 0 and f"again\n\n{MARKER} " in again.stdout
+        assert not (state / "steps/torch.cancelled").exists()
+        # nothing running: cancel says so, and changes nothing
+        idle = subprocess.run(["bash", "-c", cancel_script()], env={**os.environ,
+                              "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=30)
+        assert (idle.returncode, idle.stdout) == (0, "")
+        assert stopped_text([]) == "no step of ours is running on the host"
+    finally:
+        for p in _sleeps():
+            os.kill(p, 9)
+        if first.poll() is None:
+            first.kill()
