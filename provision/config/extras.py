@@ -24,7 +24,8 @@ def install_line(extra: str) -> str:
 
 
 def need(*modules: str, extra: str) -> None:
-    """Raise UsageError (exit 2: this install cannot run the task as asked) with the install line when one of ``modules`` cannot be imported.
+    """Raise UsageError (exit 2: this install cannot run the task as asked) with the install
+    line when one of ``modules`` cannot be imported.
 
     Example: ``need("pytest", "testinfra", extra="verify")`` before ``import pytest``.
     """
