@@ -248,6 +248,8 @@ def elsewhere(facts: HostFacts, settings: Settings, fit: Fit) -> list[str]:
         m = mount_of(path, known)
         if m is None or m.path in short or not m.writable or path in out:
             return
+        if path.rstrip("/") == facts.home.rstrip("/"):  # where the env goes anyway
+            return
         if path in NOT_FOR_ENVS or m.path in ("/tmp", "/var/tmp", "/dev/shm"):
             return
         out.append(path)

@@ -54,12 +54,17 @@ class StepRun:
     seconds: float
 
 
+ALERT = "gpu-provision-alert: "  # on_err, from here: what Ctrl-C did (the alert printer shows it)
+
+
 class Watch:
     """What the user sees while a body runs: notices at once, and on each heartbeat the elapsed
-    time with the log's last line when it changed (or every 10 s)."""
+    time with the log's last line when it changed (or every 10 s); ``alert`` (default: show)
+    prints what the user must read now, where errors go (Ctrl-C's way out)."""
 
-    def __init__(self, show: Callable[[str], None], name: str):
-        self.show, self.name = show, name
+    def __init__(self, show: Callable[[str], None], name: str,
+                 alert: Callable[[str], None] | None = None):
+        self.show, self.name, self.alert = show, name, alert or show
         self.last, self.shown, self.at = "", "", 0.0
 
     def line(self, text: str) -> None:
@@ -74,6 +79,8 @@ class Watch:
                 self.show(f"{self.name} running {seconds}s: {self.last[:160]}")
         elif text.startswith(NOTICE):
             self.show(text.removeprefix(NOTICE))
+        elif text.startswith(ALERT):
+            self.alert(text.removeprefix(ALERT))
 
 
 class _LogOnly:
@@ -217,7 +224,7 @@ def interrupted(ex: Executor, name: str, again: str, show: Callable[[str], None]
             f"does; run {again} again to re-attach and finish")
     if show is None:
         return Interrupted(f"{ex.host}: {said}")
-    show(NOTICE + said)
+    show(ALERT + said)
     try:
         time.sleep(GRACE)
     except KeyboardInterrupt:

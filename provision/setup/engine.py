@@ -127,7 +127,9 @@ def run_step(ex: Executor, step: Step, run: str, console: Console,
                                 needs_root=step.needs_root)
     else:
         watch = Watch(lambda text: console.print(f"{ex.host}: {text}", markup=False,
-                                                 highlight=False), step.name)
+                                                 highlight=False), step.name,
+                      alert=lambda text: output.err_console.print(
+                          f"{ex.host}: {text}", markup=False, highlight=False, soft_wrap=True))
         result = run_detached(ex, step.name, step.body, inputs=step.inputs, lock=step.lock,
                               run=run, on_line=watch.line, on_err=watch.err, again=again,
                               needs_root=step.needs_root)

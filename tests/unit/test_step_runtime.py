@@ -10,14 +10,21 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from provision.errors import Interrupted
+from provision.remote import runtime
 from provision.remote.runtime import (
     CANCELLED,
     LOCKED,
     MARKER,
     REFUSED,
+    Watch,
     cancel_script,
     detached_script,
+    run_detached,
     split_result,
     stopped_text,
 )
@@ -108,3 +115,53 @@ def test_follow_refuse_and_cancel(tmp_path: Path) -> None:
             os.kill(p, 9)
         if first.poll() is None:
             first.kill()
+
+
+class _Host:
+    """An executor whose step is interrupted by Ctrl-C while it is followed; ``query`` answers
+    the cancel script as the host does (one JSON line per step stopped)."""
+
+    host = "box"
+    log_dir = None
+    secrets: tuple[str, ...] = ()
+    executions = 0
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def run(self, *_: object, **__: object) -> object:
+        raise KeyboardInterrupt
+
+    def query(self, name: str, script: str, parse: Any, **_: object) -> Any:
+        self.asked.append(name)
+        return parse('{"step": "torch", "pid": 41, "stopped": true, "processes": 4, "left": 0, '
+                     '"lock": "free"}\n')
+
+
+def test_one_ctrl_c_says_it_goes_on_and_a_second_stops_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    alerts: list[str] = []
+    watch = Watch(lambda _: None, "torch", alert=alerts.append)
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)  # no second Ctrl-C in the grace
+    ex = _Host()
+    with pytest.raises(Interrupted) as once:
+        run_detached(ex, "torch", "true", on_err=watch.err, again="bootstrap")  # type: ignore[arg-type]
+    assert once.value.shown and once.value.exit_code == 130 and ex.asked == []
+    assert alerts == [str(once.value).removeprefix("box: ")]
+    assert "Ctrl-C again within 3s stops it there, later `gpu-provision -H box cancel` does" \
+        in alerts[0]
+
+    def second(_: float) -> None:
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runtime.time, "sleep", second)
+    with pytest.raises(Interrupted) as twice:
+        run_detached(ex, "torch", "true", on_err=watch.err, again="bootstrap")  # type: ignore[arg-type]
+    assert ex.asked == ["cancel"] and not twice.value.shown  # the error says what was done
+    assert str(twice.value) == (
+        "box: stopped step 'torch' on the host (pid 41, its session of 4 process(es) ended; the "
+        "lock is free); the next bootstrap redoes it (the second Ctrl-C)")
+    # a step that runs as root is never stopped midway: no grace, no cancel
+    ex.asked.clear()
+    with pytest.raises(Interrupted, match="a package manager is not stopped midway"):
+        run_detached(ex, "driver", "true", on_err=watch.err, needs_root=True)  # type: ignore[arg-type]
+    assert ex.asked == []
