@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -113,7 +112,7 @@ def test_the_plan_fits_the_disk_and_ctrl_c_and_cancel_stop_the_step(
             "interrupted while waiting for step 'torch'; it goes on, detached, on the host (log "
             "~/.gpu-provision/logs/torch.log). Ctrl-C again within 3s stops it there, later "
             f"`gpu-provision -H {Path(inv).stem} cancel` does; run bootstrap again to re-attach "
-            "and finish"))
+            "and finish")
         assert _session(pid) and second.proc.poll() is None  # it goes on, followed by the second
 
         stop = gpu_provision("-H", inv, "cancel", "--json", home=gp_home, cwd=tmp_path)
