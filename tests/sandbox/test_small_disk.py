@@ -128,6 +128,26 @@ def test_the_plan_fits_the_disk_and_ctrl_c_and_cancel_stop_the_step(
         assert any("step 'torch' was stopped on the host: " in ln and
                    ln.endswith("the next bootstrap redoes it") for ln in second.err), second.err
 
+        # the next bootstrap starts the step again; two Ctrl-C a moment apart stop it at once
+        again = Running([sys.executable, "-m", "provision", "-H", inv, "bootstrap"], env,
+                        tmp_path, session=True)
+
+        def restarted() -> int:
+            now = _in(info, "cut", "-d", " ", "-f1", f"{STATE}/steps/torch.pid").stdout.strip()
+            return int(now) if now.isdigit() and int(now) != pid and _session(int(now)) else 0
+        harness.wait_until(lambda: restarted() and _waited_on(info, "torch"),
+                           "the torch step never started again", again.proc)
+        pid = restarted()
+        os.killpg(os.getpgid(again.proc.pid), signal.SIGINT)
+        again.wait_line(r"Ctrl-C again within 3s stops it there")
+        os.killpg(os.getpgid(again.proc.pid), signal.SIGINT)
+        assert again.proc.wait(60) == 130, again.err
+        assert again.err[-1] == (f"error: {info.id}: stopped step 'torch' on the host (pid {pid}, "
+                                 "its session of " + again.err[-1].split("its session of ")[1])
+        assert again.err[-1].endswith("the lock is free); the next bootstrap redoes it (the "
+                                      "second Ctrl-C)")
+        assert not _session(pid)
+
         # the next bootstrap redoes the step, on the data disk
         gate.open()
         third = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path, timeout=600)
