@@ -317,7 +317,8 @@ def _make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfo
                  if s.name == "validate" and s.changes else s for s in steps]
     decisions = [_as_login(d, facts) if d.step == "driver" and d.changes else d
                  for d in decisions]
-    fit = space.judge(facts, settings, lay, steps, torch)
+    # (a plan blocked for another reason fetches nothing: nothing to judge)
+    fit = space.judge(facts, settings, lay, steps, torch) if blocked is None else None
     disk: list[Decision] = []
     if moved_from is not None:
         disk.append(Decision("disk", f"put the env in {settings.env_dir}",
