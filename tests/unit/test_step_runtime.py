@@ -165,3 +165,28 @@ def test_one_ctrl_c_says_it_goes_on_and_a_second_stops_it(
     with pytest.raises(Interrupted, match="a package manager is not stopped midway"):
         run_detached(ex, "driver", "true", on_err=watch.err, needs_root=True)  # type: ignore[arg-type]
     assert ex.asked == []
+
+
+def test_a_step_stops_before_a_download_that_cannot_land(tmp_path: Path) -> None:
+    """templates/setup/_space.sh.j2 under bash: room BYTES DIR WHAT against df of DIR (or the
+    nearest folder above it that exists); the caches go under the env's disk when one is set."""
+    from provision.remote.templating import render
+    cache = tmp_path / "data" / ".cache" / "gpu-provision"
+    part = render("setup/_space.sh.j2", space={"cache": str(cache), "bytes": 1, "download": 0,
+                                               "ratio": 1.0, "what": "torch", "code": 28})
+    free = int(subprocess.run(["df", "-Pk", str(tmp_path)], capture_output=True, text=True
+                              ).stdout.splitlines()[1].split()[3]) * 1024
+    fits = subprocess.run(["bash", "-c", part + f'room 1000 "{tmp_path}/not/yet" torch; '
+                           'echo "$TMPDIR $PIP_CACHE_DIR $UV_CACHE_DIR"'],
+                          capture_output=True, text=True, timeout=30)
+    assert fits.returncode == 0, fits.stderr
+    assert fits.stdout.splitlines()[0].startswith(
+        f"room for torch: about 0 MB needed in {tmp_path}, ")
+    assert fits.stdout.splitlines()[1] == f"{cache}/tmp {cache}/pip {cache}/uv"
+    assert (cache / "uv").is_dir()
+    short = subprocess.run(["bash", "-c", part + f'room {free * 10} "{tmp_path}" "torch 2.5"; '
+                            "echo went on"], capture_output=True, text=True, timeout=30)
+    assert short.returncode == 28 and "went on" not in short.stdout
+    assert short.stderr.startswith(f"not enough room for torch 2.5: it needs about "
+                                   f"{free * 10 // 1000000} MB in {tmp_path}, which has ")
+    assert short.stderr.rstrip().endswith("MB free; nothing was downloaded")
