@@ -320,7 +320,7 @@ def _make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfo
     # (a plan blocked for another reason fetches nothing: nothing to judge)
     fit = space.judge(facts, settings, lay, steps, torch) if blocked is None else None
     disk: list[Decision] = []
-    if moved_from is not None:
+    if moved_from is not None and fit is not None:
         disk.append(Decision("disk", f"put the env in {settings.env_dir}",
                              space.moved_text(moved_from, fit, settings)))
     if blocked is None and no_room:  # (said once: the plan's blocked line)
