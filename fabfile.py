@@ -8,6 +8,7 @@ from provision.cli.tasks_host import (  # noqa: F401
     cost,
     authorize,
     bench,
+    cancel,
     doctor,
     driver_task,
     env_task,

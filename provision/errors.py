@@ -15,6 +15,14 @@ class UsageError(ProvisionError):
     exit_code = 2
 
 
+class Blocked(ProvisionError):
+    """The plan cannot be carried out on this host as asked (no wheel fits, the disk cannot hold
+    it, a job runs on what would change): nothing was changed, and the message says what would
+    let it go ahead. The exit code is a usage error's, as ``pick``'s "nothing fits"."""
+
+    exit_code = 2
+
+
 class ConfigError(ProvisionError):
     """A YAML file (inventory, recipe, platform, compat data) is missing, malformed or invalid.
 
@@ -80,6 +88,11 @@ class ConnectionLost(SSHError):
 
 
 class Interrupted(ProvisionError):
-    """Ctrl-C here while a step runs detached on the host: what goes on and what to run."""
+    """Ctrl-C here while a step runs detached on the host: what goes on and what to run.
+    ``shown``: the message was printed when Ctrl-C came; only the exit code is left."""
 
     exit_code = 130
+
+    def __init__(self, message: str, shown: bool = False):
+        super().__init__(message)
+        self.shown = shown

@@ -75,6 +75,8 @@ HEAVIEST_FIRST = (
     "sandbox/test_image_pythons.py",  # 190 s (three fresh hosts, each with a torch from the
     # mirror put where an image's build puts it)
     "sandbox/test_limited_host.py",  # 132 s (the bench on 1.5 cores)
+    "sandbox/test_small_disk.py",  # 75 s alone (a bootstrap stopped twice, then redone; 172 s
+    # at a load of 10 on 2 cores)
     "sandbox/test_jobs.py",  # 124 s
     "sandbox/test_hands.py",  # 124 s
     "sandbox/test_gpu_bootstrap.py",  # 98 s

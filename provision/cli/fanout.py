@@ -111,7 +111,7 @@ def _run(call: Any, ctx: Any) -> HostResult:
     except Exit as exc:
         error: ProvisionError | str | None = getattr(exc, "error", None) or (
             str(exc.message or "failed") if exc.code else None)
-        if exc.code:
+        if exc.code and exc.message:  # (a task that showed its failure itself has none)
             host = label(ctx)
             text = without_host(str(error), host, error) if error is not None else "failed"
             output.err_console.print(f"{host}: error: {text.removeprefix('error: ')}",

@@ -159,6 +159,15 @@ class Failed(Exit):
         self.error = error
 
 
+class Shown(Failed):
+    """A failure the task has already shown in full (a plan's "blocked:" line, a FAIL verdict
+    table): its exit code and, for the multi-host summary, the error; no second line of it."""
+
+    def __init__(self, error: ProvisionError):
+        super().__init__(error)
+        self.message = ""
+
+
 def error_json(error: ProvisionError) -> dict[str, Any]:
     out: dict[str, Any] = {"error": str(error), "exit_code": error.exit_code}
     host = getattr(error, "host", None)
@@ -183,6 +192,8 @@ def reports_errors(fn: F) -> F:
                 exc = explain(exc)
             if as_json:
                 output.print_json(error_json(exc))
+            if getattr(exc, "shown", False):  # said as it happened (Ctrl-C during a step)
+                raise Shown(exc) from None
             raise Failed(exc) from None
         except KeyboardInterrupt:  # between steps: nothing runs on the host for us
             raise Exit("interrupted: no step was running; run the task again",

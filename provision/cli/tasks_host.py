@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from ..errors import ProvisionError, UsageError
+from ..errors import Blocked, ProvisionError, UsageError
 from ..setup import show
 from ..ui import console as output
 from .taskkit import (  # noqa: F401  (re-exported: the names tasks in other modules use)
     ONE_HOST,
     Failed,
+    Shown,
     has_host,
     reports_errors,
     target_of,
@@ -106,6 +107,8 @@ def plan(c: Context, json_: bool = False, python: str | None = None, torch: str 
         output.print_json(p.as_json())
     else:
         show.plan_table(p)
+    if p.blocked:  # shown above (the JSON's "blocked", the table's last line): exit 2 alone
+        raise Shown(Blocked(f"{s.target.name}: {p.blocked}"))
 
 
 @task(help=_help(*SETTINGS_HELP, json="print what was done as JSON: steps (changed, seconds), "
@@ -134,7 +137,9 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
     else:
         _show_applied(applied, limits)
     if applied.verdict == "FAIL":
-        raise Exit(f"validation verdict FAIL (report {applied.report_path})", code=1)
+        # the verdict table above says it, with the report's path: once
+        raise Shown(ProvisionError(f"{s.target.name}: validation verdict FAIL (report "
+                                   f"{applied.report_path})"))
     return {"steps": [(x.name, x.result, x.seconds) for x in applied.steps],
             "verdict": applied.verdict}
 
@@ -366,7 +371,7 @@ def driver_task(c: Context, json_: bool = False) -> None:
                 output.console.print(f"{s.target.name}: {d.step}: nothing to do - {d.reason}",
                                      markup=False)
             if p.blocked:
-                raise ProvisionError(f"{s.target.name}: {p.blocked}")
+                raise Blocked(f"{s.target.name}: {p.blocked}")
             left = [c for c in p.cannot if c.split(":", 1)[0] in DRIVER_STEPS]
             if left:  # the login cannot become root: named above, and a failure
                 raise ProvisionError(f"{s.target.name}: not run: {'; '.join(left)}")
@@ -379,6 +384,7 @@ def driver_task(c: Context, json_: bool = False) -> None:
 
 
 from .tasks_access import authorize, forget_host_key, forget_secrets, repin  # noqa: E402,F401
+from .tasks_cancel import cancel  # noqa: E402,F401
 from .tasks_data import autostop, cost, prune, sync  # noqa: E402,F401
 from .tasks_fit import fit  # noqa: E402,F401
 from .tasks_hands import forget_login, forward, shell, ssh_config  # noqa: E402,F401

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from importlib.util import find_spec
 
-from ..errors import ProvisionError
+from ..errors import UsageError
 
 DIST = "gpu-provision"
 
@@ -24,12 +24,13 @@ def install_line(extra: str) -> str:
 
 
 def need(*modules: str, extra: str) -> None:
-    """Raise ProvisionError with the install line when one of ``modules`` cannot be imported.
+    """Raise UsageError (exit 2: this install cannot run the task as asked) with the install
+    line when one of ``modules`` cannot be imported.
 
     Example: ``need("pytest", "testinfra", extra="verify")`` before ``import pytest``.
     """
     absent = [m for m in modules if find_spec(m) is None]
     if absent:
-        raise ProvisionError(f"{' and '.join(absent)} {'is' if len(absent) == 1 else 'are'} not "
+        raise UsageError(f"{' and '.join(absent)} {'is' if len(absent) == 1 else 'are'} not "
                              f"installed (the {extra!r} extra); install with: "
                              f"{install_line(extra)}")

@@ -51,6 +51,9 @@ INVENTORY_SCHEMA = {
     "miniconda_version": Check(str, v.name),
     "miniconda_sha256": Check(str, v.sha256),
     "data_dir": Check(str, v.abs_path),
+    # where an env of ours goes with its Miniconda, conda's packages and the pip/uv caches (a data
+    # disk): DIR/miniconda3. Unset: the home, or a data disk with room where the home has none
+    "env_dir": Check(str, v.abs_path),
     "mirrors": MIRRORS_SCHEMA,
     "push_env": Check([str], v.env_vars),
     "notes": str,
@@ -228,6 +231,7 @@ class Settings:
     miniconda_version: str = "latest"
     miniconda_sha256: str | None = None  # pin it where the mirror publishes none
     data_dir: str | None = None
+    env_dir: str | None = None  # an env of ours, its conda, packages and caches (ops/space.py)
     push_env: tuple[str, ...] = ()  # local environment variables pushed to the host (tokens)
     mirrors: Mirrors = Mirrors()
     gpu: str | None = None

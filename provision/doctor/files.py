@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from ..config.shipped import Traversable
-from ..errors import ConfigError, ProvisionError
+from ..errors import ConfigError, UsageError
 
 # The knowledge base, one file per phase, read in this order: within a group (see
 # knowledge/gpu.yaml's header) the first entry that matches wins, so order is meaning.
@@ -49,5 +49,5 @@ def read_logs(names: Sequence[str]) -> dict[str, str]:
         try:
             files[name] = Path(name).read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
-            raise ProvisionError(f"--log {name}: cannot read it ({exc.strerror})") from None
+            raise UsageError(f"--log {name}: cannot read it ({exc.strerror})") from None
     return files

@@ -31,9 +31,10 @@ def markers_of(platforms: tuple[Platform, ...]) -> tuple[PlatformMarkers, ...]:
 
 def data_dirs(platforms: tuple[Platform, ...], target: Target | None = None) -> tuple[str, ...]:
     """Every folder whose free disk the facts report: each platform's data dir (the platform is
-    not known before the facts) and the inventory's."""
-    own = target.settings.get("data_dir") if target is not None else None
-    return tuple(sorted({p.data_dir for p in platforms if p.data_dir} | ({own} if own else set())))
+    not known before the facts) and the inventory's data_dir and env_dir."""
+    own = {str(d) for k in ("data_dir", "env_dir")
+           if target is not None and (d := target.settings.get(k))}
+    return tuple(sorted({p.data_dir for p in platforms if p.data_dir} | own))
 
 
 def facts_script(platforms: tuple[Platform, ...], data_dirs: tuple[str, ...] = (),

@@ -41,6 +41,7 @@ from .nvidia import (
 from .osinfo import OsRelease, parse_os_release
 from .pci import PciGpu, parse_lspci
 from .platform import PlatformMarkers, Virtualization, detect_platform, detect_virtualization
+from .space import Mount, parse_mounts
 from .torchindex import IndexCache, parse_index_cache
 
 
@@ -130,6 +131,7 @@ class HostFacts:
     view: str | None = None  # the interpreter our venv over the image's python was made from
     view_site: str = ""  # the user site (pip --user) our venv names in its .pth
     conda_readonly: tuple[str, ...] = ()  # conda roots the login cannot write to
+    mounts: tuple[Mount, ...] = ()  # file systems an env could go on (facts/space.py)
 
     @property
     def has_nvidia_gpu(self) -> bool:
@@ -383,6 +385,7 @@ def parse_facts(raw: str | Mapping[str, Any], markers: Iterable[PlatformMarkers]
         view_site=parse_view_site(_ok(probes, "image_torch") or ""),
         conda_readonly=tuple(ln.strip() for ln in (_ok(probes, "conda_readonly") or "")
                              .splitlines() if ln.strip()),
+        mounts=parse_mounts(_out(probes, "mounts")[0]),
         login=(_ok(probes, "login") or "").strip(),
         limits=parse_limits(_ok(probes, "cgroup") or "", _ok(probes, "shm") or "",
                             _ok(probes, "nofile") or "", _ok(probes, "inodes") or "",

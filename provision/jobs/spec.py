@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import validators as v
-from ..errors import ProvisionError, UsageError
+from ..errors import UsageError
 
 JOB_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 LAUNCHERS = ("auto", "tmux", "setsid")
@@ -40,14 +40,14 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         if not self.argv:
-            raise ProvisionError("a job needs a command: gpu-provision -H HOST run -- CMD ...")
+            raise UsageError("a job needs a command: gpu-provision -H HOST run -- CMD ...")
         if any("\x00" in a for a in self.argv):
-            raise ProvisionError("a command argument cannot contain a NUL byte")
+            raise UsageError("a command argument cannot contain a NUL byte")
         for key in self.env:
             if v.env_var(key):
-                raise ProvisionError(f"{key!r} is not an environment variable name")
+                raise UsageError(f"{key!r} is not an environment variable name")
         if self.launcher not in LAUNCHERS:
-            raise ProvisionError(f"--launcher: {self.launcher!r} must be one of: "
+            raise UsageError(f"--launcher: {self.launcher!r} must be one of: "
                                  f"{', '.join(LAUNCHERS)}")
 
     def as_json(self) -> dict[str, Any]:
@@ -117,7 +117,7 @@ def command_of(argv: Sequence[str] | None, recipe_job: Sequence[str], recipe: st
         return tuple(argv)
     if recipe_job:
         return tuple(recipe_job)
-    raise ProvisionError(f"no command: give one after -- (gpu-provision -H HOST run -- python "
+    raise UsageError(f"no command: give one after -- (gpu-provision -H HOST run -- python "
                          f"train.py), or set job: [python, train.py] in recipe {recipe!r}")
 
 

@@ -7,8 +7,9 @@ from ..config.inventory import Settings
 from ..facts.host import HostFacts
 from ..remote.templating import render
 from ..wheels.data import dotted, load_compat
-from .layout import Layout
+from .layout import Layout, asked_env_dir
 from .privilege import who
+from .space import figures, step_space
 from .step import Step, inputs_hash, nothing
 
 DEFAULT_PYPI = "https://pypi.org/simple"
@@ -42,13 +43,17 @@ def conda_step(facts: HostFacts, settings: Settings, lay: Layout) -> Step:
     if partial:
         why += f"; an earlier install at {lay.conda_root} did not finish: it is cleared first"
     file = f"Miniconda3-{version}-Linux-{arch}.sh"
+    installed, download, _ = figures("miniconda")
     body = render("setup/conda.sh.j2", prefix=lay.conda_root, bases=m.miniconda, file=file,
                   sha256=settings.miniconda_sha256 or "", channels=m.conda_channels,
-                  pypi=configured_pypi(settings), mirror_timeout=m.timeout)
+                  pypi=configured_pypi(settings), mirror_timeout=m.timeout,
+                  space=step_space(facts, settings, "Miniconda", installed + download))
     ro = [r for r in facts.conda_readonly if r != lay.conda_root]
     none = f"the conda at {', '.join(ro)} is not writable by {who(facts)}, so an env of ours " \
         "cannot go there (it is left as it is): one of ours in the home" if ro else \
-        "no conda on the host"
+        f"the env goes in {settings.env_dir}{asked_env_dir(settings)}, with a Miniconda of ours " \
+        "there" \
+        if settings.env_dir else "no conda on the host"
     return Step("conda", f"{none}; {file} from {listed(m.miniconda)}, sha256 checked{why}",
                 action=f"install Miniconda at {lay.conda_root}", body=body,
                 inputs=inputs_hash(file=file, base=m.miniconda, channels=m.conda_channels,

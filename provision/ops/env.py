@@ -15,6 +15,7 @@ from ..facts.images import USER_SITE_PTH
 from ..remote.contract import CONTRACT, shown
 from ..remote.templating import render
 from .layout import INTERRUPTED, Layout, find_env, view_site
+from .space import figures, step_space
 from .step import Step, inputs_hash, nothing
 
 
@@ -75,7 +76,8 @@ def env_step(facts: HostFacts, settings: Settings, lay: Layout, why: str = "") -
     have = env.python if env is not None and recreate else ""
     body = render("setup/env.sh.j2", root=lay.conda_root, name=lay.env_name, python=settings.python,
                   channels=settings.mirrors.conda_channels, repair=repair, recreate=recreate,
-                  have=have)
+                  have=have, space=step_space(facts, settings, f"the env {lay.env_name}",
+                                              sum(figures("env")[:2])))
     if recreate:
         reason = (f"env {lay.env_name!r} has python {have}, python {settings.python} is asked "
                   f"({settings.how_asked('python')}): it is recreated with it (what was installed "

@@ -63,8 +63,21 @@ def layout(facts: HostFacts, settings: Settings, platform: Platform) -> Layout:
     # platform ships an env to adopt
     adopt = None if settings.asked_by_user("env_name") else platform.adopt_env
     if not adopt:
-        root = writable_root(facts, root)
+        root = own_root(facts, settings, root)
     return Layout(conda_root=root, env_name=adopt or settings.env_name, adopted=bool(adopt))
+
+
+def asked_env_dir(settings: Settings) -> str:
+    """`` (env_dir: in box.yaml)`` where the user set env_dir; "" where the plan chose it."""
+    return f" ({settings.how_asked('env_dir')})" if settings.asked_by_user("env_dir") else ""
+
+
+def own_root(facts: HostFacts, settings: Settings, root: str) -> str:
+    """The conda an env of ours goes in: our Miniconda in ``env_dir`` where one is set (a data
+    disk: ops/space.py), else ``root`` where the login can write to it."""
+    if settings.env_dir:
+        return f"{expand_home(settings.env_dir, facts.home).rstrip('/')}/miniconda3"
+    return writable_root(facts, root)
 
 
 def writable_root(facts: HostFacts, root: str) -> str:
@@ -148,6 +161,10 @@ def place(facts: HostFacts, settings: Settings, platform: Platform) -> Placement
                 left = (f"{lay.owner}'s env {env.name!r} keeps its torch {env.torch}, "
                         f"unchanged ({check.reason}); ")
                 lay = ours(lay, settings, facts)
+        elif settings.env_dir:  # the torch would go where the platform's env lies: ours instead
+            left = (f"{lay.owner}'s env {lay.env_name!r} has no torch and is left as it is: "
+                    f"ours goes in {settings.env_dir}{asked_env_dir(settings)}; ")
+            lay = ours(lay, settings, facts)
         return Placement(lay, left, tuple(f"{f.where} has torch {f.env.torch}: left untouched; "
                                           f"{platform.name}'s env comes first" for f in found))
     judged = [(f, judge_env_torch(facts, settings, f.env)) for f in found]
@@ -194,8 +211,8 @@ def ours(lay: Layout, settings: Settings, facts: HostFacts) -> Layout:
     (the platform's env stays as it is)."""
     name = settings.env_name if settings.env_name != lay.env_name and settings.env_name != "base" \
         else "torch"
-    return Layout(conda_root=writable_root(facts, lay.conda_root), env_name=name, adopted=False,
-                  owner=lay.owner)
+    return Layout(conda_root=own_root(facts, settings, lay.conda_root), env_name=name,
+                  adopted=False, owner=lay.owner)
 
 
 def find_env(facts: HostFacts, lay: Layout) -> CondaEnv | None:

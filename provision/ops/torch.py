@@ -31,6 +31,7 @@ from .conda import configured_pypi, listed
 from .installer import choose_installer
 from .kept import judge_env_torch
 from .layout import INTERRUPTED, Layout, find_env
+from .space import figures, step_space, torch_kind
 from .step import Outcome, Step, dict_result, inputs_hash, nothing
 
 INDEX_DIR = CONTRACT.index  # under the host's $HOME: what the mirror served
@@ -140,6 +141,7 @@ def torch_step(facts: HostFacts, settings: Settings, lay: Layout,
                   candidates=json.dumps(cands), index_dir=INDEX_DIR, accept=simpleindex.ACCEPT,
                   simpleindex=package_source("wheels/simpleindex.py"),
                   mirror_timeout=settings.mirrors.timeout, repair=repair,
+                  space=_torch_space(facts, settings, choice),
                   **choose_installer(facts, settings).template_vars())
     reason = INTERRUPTED if repair else \
         f"{why}{replace}{'; '.join(choice.reasons)}; {mc.note}"
@@ -148,6 +150,11 @@ def torch_step(facts: HostFacts, settings: Settings, lay: Layout,
                 read=partial(read_torch, candidates),
                 settle=partial(confirm_torch, lay.env_prefix))
     return step, choice
+
+
+def _torch_space(facts: HostFacts, settings: Settings, choice: TorchChoice) -> dict[str, Any]:
+    installed, download, _ = figures("torch", torch_kind(choice))
+    return step_space(facts, settings, choice.label, installed, download, installed / download)
 
 
 def packages_step(facts: HostFacts, settings: Settings, lay: Layout,
@@ -169,7 +176,10 @@ def packages_step(facts: HostFacts, settings: Settings, lay: Layout,
         "the venv first (no root needed)")
     body = render("setup/packages.sh.j2", python_bin=lay.python_bin, packages=settings.packages,
                   pypi=configured_pypi(settings), mirror_timeout=settings.mirrors.timeout,
-                  pip_fix=fix, **choose_installer(facts, settings, bool(lay.base)).template_vars())
+                  pip_fix=fix, space=step_space(facts, settings, f"recipe {settings.recipe}'s "
+                                                "packages", len(settings.packages) *
+                                                sum(figures("packages")[:2])),
+                  **choose_installer(facts, settings, bool(lay.base)).template_vars())
     return Step("packages", f"recipe {settings.recipe}, from {listed(pypi)}, torch pinned{nopip}",
                 action="install " + " ".join(settings.packages), body=body, inputs=h)
 

@@ -4,7 +4,8 @@ Everything of ours on a host lives in ``~/.gpu-provision`` (``STATE``) of the lo
 
 - ``steps/<name>.json``: the journal, one entry per step (``JOURNAL``, written by the one
   writer in ``templates/remote/_journal.sh.j2``); ``steps/<name>.{pid,rc,result,waiter}``: a
-  running step's runtime files;
+  running step's runtime files (a pid file without an rc file: the step was killed before it
+  ended, and the next run redoes it); ``steps/<name>.cancelled``: who stopped it (``cancel``);
 - ``logs/<name>.log``: each step's log; ``locks/<lock>`` (+ ``.owner``): the locks (``Locks``);
 - ``jobs/<id>/``: one folder per job (provision/jobs); ``autostop/``: the watchdog's state
   (where the platform has persistent storage, ``<storage>/.gpu-provision/hosts/<hostname>/
@@ -58,8 +59,11 @@ class Contract:
     locks: Locks = Locks()
     marker: str = "GPU_PROVISION_RESULT"  # the step script's one result line starts with it
     heartbeat: str = "gpu-provision-heartbeat "  # stderr, every 2 s while a body runs
-    notice: str = "gpu-provision: "  # stderr: re-attaching, lock refused
+    notice: str = "gpu-provision: "  # stderr: re-attaching, shown as it comes
+    # stderr: why the step did not run or end (the lock refused, cancelled): the error says it
+    refused: str = "gpu-provision-refused: "
     locked: int = 75  # a step's exit code when another run holds its lock
+    cancelled: int = 130  # ... when it was stopped on the host (`cancel`, a second Ctrl-C)
 
 
 CONTRACT = Contract()

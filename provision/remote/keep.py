@@ -101,8 +101,10 @@ class KeptConnection(Connection):  # type: ignore[misc]
         self.client._transport = relay  # SSHClient.get_transport() and open_sftp() use it
 
     def open(self) -> None:
-        if not self.relay.active:
-            raise paramiko.SSHException("the connection is closed")
+        """After ``close`` (Ctrl-C closes a command's connection to return at once), a command
+        that goes on (the cancel after a second Ctrl-C) opens channels through the keeper again,
+        as Fabric opens a plain connection again; a keeper that is gone is renewed there."""
+        self.relay.active = True
 
     @property
     def is_connected(self) -> bool:

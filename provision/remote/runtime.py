@@ -32,8 +32,11 @@ from .templating import render
 HOST_LOCK = CONTRACT.locks.host  # the provisioning steps: one at a time per host
 MARKER = CONTRACT.marker
 HEARTBEAT = CONTRACT.heartbeat  # stderr, every 2 s while a body runs
-NOTICE = CONTRACT.notice  # stderr: re-attaching, lock refused
+NOTICE = CONTRACT.notice  # stderr: re-attaching, shown as it comes
+REFUSED = CONTRACT.refused  # stderr: why a step did not run or end; its error says it, once
 LOCKED = CONTRACT.locked  # the step script's exit code when another run holds the lock
+CANCELLED = CONTRACT.cancelled  # ... when `cancel` (or a second Ctrl-C) stopped it on the host
+GRACE = 3.0  # seconds after a first Ctrl-C in which a second one stops the step on the host
 NO_ROOT = 77  # ... when a step that needs root meets a login that cannot become root
 NO_ROOT_NOTICE = "gpu-provision-noroot: "  # stderr: who the login is and what sudo said
 POLL = 0.25  # seconds between two looks at a growing log
@@ -51,12 +54,17 @@ class StepRun:
     seconds: float
 
 
+ALERT = "gpu-provision-alert: "  # on_err, from here: what Ctrl-C did (the alert printer shows it)
+
+
 class Watch:
     """What the user sees while a body runs: notices at once, and on each heartbeat the elapsed
-    time with the log's last line when it changed (or every 10 s)."""
+    time with the log's last line when it changed (or every 10 s); ``alert`` (default: show)
+    prints what the user must read now, where errors go (Ctrl-C's way out)."""
 
-    def __init__(self, show: Callable[[str], None], name: str):
-        self.show, self.name = show, name
+    def __init__(self, show: Callable[[str], None], name: str,
+                 alert: Callable[[str], None] | None = None):
+        self.show, self.name, self.alert = show, name, alert or show
         self.last, self.shown, self.at = "", "", 0.0
 
     def line(self, text: str) -> None:
@@ -71,6 +79,8 @@ class Watch:
                 self.show(f"{self.name} running {seconds}s: {self.last[:160]}")
         elif text.startswith(NOTICE):
             self.show(text.removeprefix(NOTICE))
+        elif text.startswith(ALERT):
+            self.alert(text.removeprefix(ALERT))
 
 
 class _LogOnly:
@@ -107,14 +117,25 @@ def split_result(stdout: str) -> tuple[str, dict[str, Any] | None]:
         return head, None
 
 
+def _said(stderr: str, prefix: str) -> str:
+    """The first line the step script wrote on ``prefix``, without it."""
+    return next((ln.removeprefix(prefix) for ln in stderr.splitlines()
+                 if ln.startswith(prefix)), "")
+
+
 def _finish(ex: Executor, name: str, r_stdout: str, r_stderr: str, exit_code: int,
             seconds: float, again: str, host_log: bool = True) -> StepRun:
     """The step's outcome from its output; ``host_log`` False: a foreground body, which writes
     no log on the host, so no error points there."""
     stderr = "\n".join(ln for ln in r_stderr.splitlines() if not ln.startswith(HEARTBEAT))
+    refused = _said(stderr, REFUSED)
     if exit_code == LOCKED:
-        raise ProvisionError(f"{ex.host}: {stderr.strip() or 'another run holds the lock'}"
-                             f" - wait for it to finish, then run {again} again")
+        raise ProvisionError(f"{ex.host}: {refused or 'another run holds the lock'} - wait for "
+                             f"it to finish (or stop it: gpu-provision -H {ex.host} cancel), "
+                             f"then run {again} again")
+    if exit_code == CANCELLED and refused:
+        raise Interrupted(f"{ex.host}: step {name!r} was {refused}; the next {again} redoes it")
+    stderr = "\n".join(ln for ln in stderr.splitlines() if not ln.startswith(REFUSED))
     if exit_code == NO_ROOT:
         said = next((ln.removeprefix(NO_ROOT_NOTICE) for ln in stderr.splitlines()
                      if ln.startswith(NO_ROOT_NOTICE)), "the login cannot become root")
@@ -144,7 +165,8 @@ def detached_script(name: str, body: str, *, inputs: str = "", lock: str = HOST_
     return render("remote/step.sh.j2", name=name, inputs=inputs, lock=lock, run=run, owner=owner(),
                   body=body, offset=offset, poll=POLL, heartbeat=HEARTBEAT, marker=MARKER,
                   locked=LOCKED, needs_root=needs_root, noroot=NO_ROOT,
-                  noroot_notice=NO_ROOT_NOTICE)
+                  noroot_notice=NO_ROOT_NOTICE, notice=NOTICE, refused=REFUSED,
+                  cancelled=CANCELLED)
 
 
 def foreground_script(name: str, body: str, needs_root: bool = False) -> str:
@@ -182,11 +204,66 @@ def run_detached(ex: Executor, name: str, body: str, *, inputs: str = "",
                              f"goes on there; run {again} again: it re-attaches, or redoes the "
                              "step if the host killed it") from None
     except KeyboardInterrupt:
-        raise Interrupted(f"{ex.host}: interrupted while waiting for step {name!r}; it goes "
-                          f"on, detached, on the host (log {shown('logs', f'{name}.log')}). "
-                          f"Run {again} again to re-attach and finish (the lock refuses any "
-                          "other run meanwhile)") from None
+        raise interrupted(ex, name, again, on_err, stoppable=not needs_root) from None
     return _finish(ex, name, r.stdout, r.stderr, r.exit_code, time.monotonic() - started, again)
+
+
+def interrupted(ex: Executor, name: str, again: str, show: Callable[[str], None] | None,
+                stoppable: bool = True) -> Interrupted:
+    """Ctrl-C while following step ``name``: say at once that it goes on on the host and how to
+    stop it; a second Ctrl-C within GRACE seconds stops it there (``cancel``). The error to
+    raise: already shown (exit 130 alone) unless the second Ctrl-C came."""
+    log = shown("logs", f"{name}.log")
+    stop = f"gpu-provision -H {ex.host} cancel"
+    if not stoppable:  # as root (the driver): never killed midway, see cancel.sh.j2
+        return Interrupted(f"{ex.host}: interrupted while waiting for step {name!r}; it goes on, "
+                           f"detached, on the host (log {log}): a package manager is not "
+                           f"stopped midway. Run {again} again to re-attach and finish")
+    said = (f"interrupted while waiting for step {name!r}; it goes on, detached, on the host "
+            f"(log {log}). Ctrl-C again within {GRACE:g}s stops it there, later `{stop}` "
+            f"does; run {again} again to re-attach and finish")
+    if show is None:
+        return Interrupted(f"{ex.host}: {said}")
+    show(ALERT + said)
+    try:
+        time.sleep(GRACE)
+    except KeyboardInterrupt:
+        stopped = cancel(ex, name)
+        return Interrupted(f"{ex.host}: {stopped_text(stopped, name, again)} (the second Ctrl-C)")
+    return Interrupted(f"{ex.host}: {said}", shown=True)
+
+
+def cancel_script(step: str = "") -> str:
+    """The one remote execution ``cancel`` runs (templates/remote/cancel.sh.j2)."""
+    return render("remote/cancel.sh.j2", step=step, who=owner())
+
+
+def cancel(ex: Executor, step: str = "") -> list[dict[str, Any]]:
+    """Stop ``step`` (every step of ours, when "") running on the host: its session and process
+    group end, the lock with them; one dict per running step (``stopped``, ``processes``,
+    ``left``, ``lock``; ``why`` when it was left running). Nothing running: []."""
+    def parse(out: str) -> list[dict[str, Any]]:
+        return [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+    return ex.query("cancel", cancel_script(step), parse, what="the cancel")
+
+
+def stopped_text(stopped: list[dict[str, Any]], name: str = "", again: str = "bootstrap") -> str:
+    """One line for what ``cancel`` did."""
+    if not stopped:
+        return f"step {name!r} is not running on the host" if name else \
+            "no step of ours is running on the host"
+    parts = []
+    for s in stopped:
+        if not s.get("stopped"):
+            parts.append(f"step {s['step']!r} goes on: it {s.get('why', 'cannot be stopped')}, "
+                         "and a package manager is not stopped midway")
+            continue
+        left = f"; {s['left']} would not end" if s.get("left") else ""
+        lock = "the lock is free" if s.get("lock") == "free" else "the lock is still held"
+        parts.append(f"stopped step {s['step']!r} on the host (pid {s['pid']}, its session of "
+                     f"{s['processes']} process(es) ended{left}; {lock}); the next {again} "
+                     "redoes it")
+    return "; ".join(parts)
 
 
 def follow_script(name: str, where: str, offset: int = 0, lines: int = 0) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ..errors import ProvisionError, SSHError
+from ..errors import Blocked, ProvisionError, SSHError
 from ..ops.step import Outcome, Step
 from ..remote.command import bash_script
 from ..remote.connection import AUTH_REFUSED, HOST_KEY_CHANGED
@@ -127,7 +127,9 @@ def run_step(ex: Executor, step: Step, run: str, console: Console,
                                 needs_root=step.needs_root)
     else:
         watch = Watch(lambda text: console.print(f"{ex.host}: {text}", markup=False,
-                                                 highlight=False), step.name)
+                                                 highlight=False), step.name,
+                      alert=lambda text: output.err_console.print(
+                          f"{ex.host}: {text}", markup=False, highlight=False, soft_wrap=True))
         result = run_detached(ex, step.name, step.body, inputs=step.inputs, lock=step.lock,
                               run=run, on_line=watch.line, on_err=watch.err, again=again,
                               needs_root=step.needs_root)
@@ -144,7 +146,7 @@ def apply(ex: Executor, plan: Plan, only: set[str] | None = None,
     console = console or output.console
     store = store or Store.here()
     if plan.blocked:
-        raise ProvisionError(f"{plan.host}: {plan.blocked}")
+        raise Blocked(f"{plan.host}: {plan.blocked}")
     run = run or run_id()
     out = Applied(host=plan.host)
     steps = list(plan.steps)
@@ -217,5 +219,5 @@ def _settle(ex: Executor, plan: Plan, step: Step, outcome: Outcome, out: Applied
         raise ProvisionError(f"{ex.host}: {exc}") from None
     console.print(output.text(f"{ex.host}: {confirmed}"))
     if plan.blocked:
-        raise ProvisionError(f"{plan.host}: {plan.blocked}")
+        raise Blocked(f"{plan.host}: {plan.blocked}")
     return ex, plan

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..config.inventory import Settings
@@ -13,6 +13,7 @@ from ..errors import NoWheelError, ProvisionError
 from ..facts.host import HostFacts, cc_from_name
 from ..ops import driver as driver_ops
 from ..ops import fabric as fabric_ops
+from ..ops import space
 from ..ops import validate as validate_ops
 from ..ops.conda import conda_step
 from ..ops.driver_pick import NoDriver, Pick, choose, first_release
@@ -55,6 +56,7 @@ class Plan:
     layout: Layout | None = None
     facts: HostFacts | None = None
     cannot: tuple[str, ...] = ()  # "step: why" for each step that needs root the login lacks
+    fit: space.Fit | None = None  # what the steps fetch and unpack, where, against what is free
 
     def require_env(self, what: str) -> None:
         """Tasks that run in the env (validate, bench) need bootstrap to have made it."""
@@ -71,6 +73,7 @@ class Plan:
             "risks": list(self.risks),
             "blocked": self.blocked,
             "cannot": list(self.cannot),
+            "space": self.fit.as_json() if self.fit else None,
         }
 
 
@@ -96,6 +99,28 @@ def busy_with_jobs(facts: HostFacts, host: str, steps: list[Step]) -> str | None
 def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platform,
               secrets: Mapping[str, str] | None = None, secrets_digest: str = "",
               revalidate: bool = False) -> Plan:
+    """Every decision with its reason. Where the home's disk cannot hold the plan and another
+    can (a data disk), the env goes there (ops/space.py); where none can, the plan is blocked
+    with the figures."""
+    settings = space.settled(facts, settings)  # an env of ours already on a data disk stays
+    plan = _make_plan(host, facts, settings, platform, secrets, secrets_digest, revalidate)
+    fit = plan.fit
+    if fit is None or fit.ok or plan.blocked or settings.env_dir:
+        return plan
+    for where in space.elsewhere(facts, settings, fit):
+        moved = replace(settings, env_dir=where)
+        alt = _make_plan(host, facts, moved, platform, secrets, secrets_digest, revalidate,
+                         moved_from=fit)
+        if alt.fit is not None and alt.fit.ok and not alt.blocked:
+            return alt
+    return _make_plan(host, facts, settings, platform, secrets, secrets_digest, revalidate,
+                      no_room=space.refusal(fit, settings))
+
+
+def _make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platform,
+               secrets: Mapping[str, str] | None = None, secrets_digest: str = "",
+               revalidate: bool = False, moved_from: space.Fit | None = None,
+               no_room: str | None = None) -> Plan:
     decisions: list[Decision] = []
     detected = facts.platform or "none detected"
     decisions.append(Decision("platform", None,
@@ -292,6 +317,14 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                  if s.name == "validate" and s.changes else s for s in steps]
     decisions = [_as_login(d, facts) if d.step == "driver" and d.changes else d
                  for d in decisions]
+    # (a plan blocked for another reason fetches nothing: nothing to judge)
+    fit = space.judge(facts, settings, lay, steps, torch) if blocked is None else None
+    disk: list[Decision] = []
+    if moved_from is not None and fit is not None:
+        disk.append(Decision("disk", f"put the env in {settings.env_dir}",
+                             space.moved_text(moved_from, fit, settings)))
+    if blocked is None and no_room:  # (said once: the plan's blocked line)
+        blocked = no_room
     if blocked is None:
         blocked = busy_with_jobs(facts, host, steps)
     if blocked:  # bootstrap runs nothing then: the plan says so instead of promising work
@@ -300,8 +333,8 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                  for s in steps]
         decisions = [Decision(d.step, None, f"not run while blocked (would {d.action}): {d.reason}")
                      if d.changes else d for d in decisions]
-    decisions += [Decision(s.name, s.label if s.changes else None, s.reason)
-                  for s in steps if s.name != "driver"]
+    decisions += disk + [Decision(s.name, s.label if s.changes else None, s.reason)
+                         for s in steps if s.name != "driver"]
     installs = installer_decision(facts, settings, [s.name for s in steps if s.changes],
                                   over_image=bool(lay.base))
     if installs:  # right after the steps it serves
@@ -313,7 +346,7 @@ def make_plan(host: str, facts: HostFacts, settings: Settings, platform: Platfor
                              validate_ops.host_resources(facts), f"recipe {settings.recipe}"))
     return Plan(host=host, settings=settings, decisions=tuple(decisions), torch=torch,
                 risks=(*(torch.risks if torch else ()), *short), blocked=blocked,
-                steps=tuple(steps), layout=lay, facts=facts, cannot=tuple(cannot))
+                steps=tuple(steps), layout=lay, facts=facts, cannot=tuple(cannot), fit=fit)
 
 
 def _as_login(d: Decision, facts: HostFacts) -> Decision:

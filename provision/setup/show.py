@@ -24,6 +24,8 @@ def plan_table(plan: Plan, out: Console | None = None) -> None:
     for d in plan.decisions:
         t.add_row(d.step, d.action if d.changes else text(("nothing to do", "dim")), d.reason)
     out.print(t)
+    if plan.fit is not None and plan.fit.needs:  # what it fetches, where, and what is free
+        out.print(text(("disk:", "cyan"), f" {plan.fit.summary()}"))
     for r in plan.risks:
         out.print(text(("risk:", "yellow"), f" {r}"))
     if plan.blocked:

@@ -96,4 +96,6 @@ def expectation(plan: Plan) -> dict[str, Any]:
            "decisions": [[d.step, d.action or "none", d.reason] for d in plan.decisions]}
     if plan.cannot:  # steps that need root the login cannot run (only where there are some)
         out["cannot"] = list(plan.cannot)
+    if plan.fit is not None and plan.fit.needs:  # what it fetches, where, what is free there
+        out["disk"] = plan.fit.summary()
     return out

@@ -142,8 +142,12 @@ class HostInfo:
             return False
 
     def path(self, inside: str) -> Path:
-        """A path of the host's file system, as it lies on this machine (for checks)."""
+        """A path of the host's file system, as it lies on this machine (for checks). A
+        profile's ``disks`` are in the host's namespace only: read those with ``in_host``."""
         root = Path(self.root)
+        disks = json.loads((root / "host.json").read_text()).get("disks", {})
+        assert not any(inside == d or inside.startswith(d.rstrip("/") + "/") for d in disks), \
+            f"{inside} lies on one of the host's own disks ({', '.join(disks)}): use in_host"
         for src, dst in host_binds(root):
             if inside == dst or inside.startswith(dst.rstrip("/") + "/"):
                 return root / src / inside[len(dst):].lstrip("/")
@@ -425,6 +429,8 @@ def _prepare(root: Path, hid: str, profile_name: str, profile: dict[str, Any], i
         spec["cgroups"] = make(hid, lim)
         spec["shm_bytes"] = size_bytes(lim["shm"]) if lim.get("shm") else None
         spec["nofile"] = lim.get("nofile")
+    if profile.get("disks"):  # small disks, real ones: a tmpfs of each size (hostd.py)
+        spec["disks"] = {str(k): str(v) for k, v in profile["disks"].items()}
     if profile.get("dmi"):  # a cloud's DMI strings (a capture under tests/fixtures/dmi)
         spec["dmi"] = yaml.safe_load((FIXTURES / profile["dmi"]).read_text())
     _write(root / "host.json", json.dumps(spec, indent=1))

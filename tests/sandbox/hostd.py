@@ -47,6 +47,7 @@ class Host:
             (m / dst.lstrip("/")).mkdir(parents=True, exist_ok=True)
             sh("mount", "--bind", str(r / src), str(m / dst.lstrip("/")))
         sh("mount", "--bind", str(r / "boot_id"), str(m / "proc/sys/kernel/random/boot_id"))
+        self.mount_disks()
         # a limited host (limited.py): its own cgroup where it looks for its root, a tmpfs of
         # the asked size on /dev/shm
         for src, dst in self.spec.get("cgroups", []):
@@ -57,6 +58,24 @@ class Host:
         if self.spec.get("dmi"):
             self.mount_dmi(self.spec["dmi"])
         sh("hostname", self.spec["hostname"])  # our own UTS namespace (unshare --uts)
+
+    def mount_disks(self) -> None:
+        """A profile's ``disks`` (path -> size): a real tmpfs of that size at each path, in this
+        host's mount namespace only, holding what the host had there (copied in); the shortest
+        path first, so a disk inside another (a data disk under the home) lies on it, and the
+        binds below a disk bound again on top of it. df, statfs and ENOSPC are the kernel's."""
+        m = self.merged
+        disks = sorted(self.spec.get("disks", {}).items(), key=lambda kv: len(kv[0]))
+        for i, (path, size) in enumerate(disks):
+            stage = self.root / f"disk{i}"  # a mount point here, in this namespace only
+            stage.mkdir(exist_ok=True)
+            sh("mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", f"disk{i}", str(stage))
+            sh("cp", "-a", f"{m / path.lstrip('/')}/.", str(stage))
+            sh("mount", "--move", str(stage), str(m / path.lstrip("/")))
+            for src, dst in self.spec["binds"]:  # the binds it covered
+                if dst.startswith(path.rstrip("/") + "/") and dst not in dict(disks):
+                    (m / dst.lstrip("/")).mkdir(parents=True, exist_ok=True)
+                    sh("mount", "--bind", str(self.root / src), str(m / dst.lstrip("/")))
 
     def mount_dmi(self, values: dict[str, str]) -> None:
         """The firmware's DMI strings a cloud's VM shows (/sys/class/dmi/id/*, captured values

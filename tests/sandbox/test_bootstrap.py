@@ -20,6 +20,7 @@ from tests.sandbox import harness
 from tests.sandbox.harness import wait_until
 from tests.sandbox.mirror import TAMPERED, Gate
 from tests.sandbox.proxy import TcpProxy
+from tests.sandbox.test_hands import Running
 
 # the installer the mirror serves, and what arrives when it is altered on the way
 INSTALLER = (harness.HERE / "miniconda_installer.sh").read_bytes()
@@ -34,8 +35,9 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
     gate = Gate(info.id)  # the torch download waits there: the step holds the lock until opened
     try:
         # named as the host's own inventory: its logs and reports keep the host's name
+        # the install waits at the gate: mirrors.timeout long enough that it is not given up
         inv = info.inventory_with_mirrors(tmp_path / "gated" / Path(info.inventory).name,
-                                          {"pytorch": gate.url})
+                                          {"pytorch": gate.url, "timeout": 120})
         owner = info.path("/root/.gpu-provision/locks/host.owner")
         first = subprocess.Popen([sys.executable, "-m", "provision", "-H", inv,
                                   "bootstrap"], cwd=tmp_path, stdout=subprocess.PIPE,
@@ -45,23 +47,38 @@ def test_bootstrap_lock_and_rerun(hosts: Hosts, gp_home: Path, tmp_path: Path) -
                                       "GPU_PROVISION_WORKDIR": str(tmp_path)})
         wait_until(lambda: owner.exists() and "step torch" in owner.read_text()
                    and gate.holding(), "the torch step never started downloading", first)
-        second = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path)
-        assert second.returncode == 1
-        assert "another run holds the lock on this host" in second.stderr
-        assert "step torch since" in second.stderr and "pid" in second.stderr
+        # a second bootstrap follows the very step that runs (its log, its end) ...
+        second = Running([sys.executable, "-m", "provision", "-H", inv, "bootstrap"],
+                         {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200",
+                          "GPU_PROVISION_WORKDIR": str(tmp_path)}, tmp_path)
+        second.wait_line(r"re-attaching to torch \(pid \d+\), still running: root@")
+        # ... while a step of another kind is refused at once, the holder named, once
+        started = time.monotonic()
+        other = gpu_provision("-H", inv, "validate", home=gp_home, cwd=tmp_path)
+        assert other.returncode == 1 and time.monotonic() - started < 30
+        assert other.stderr.count("another run holds the lock on this host") == 1, other.stderr
+        assert "step torch since" in other.stderr and "pid" in other.stderr
+        assert "gpu-provision -H " in other.stderr and " cancel)" in other.stderr
 
         gate.open()
         out, err = first.communicate(timeout=600)
         assert first.returncode == 0, out + err
         assert "verdict: PASS" in out
+        assert second.proc.wait(600) == 0, second.err
+        assert any("verdict: PASS" in ln for ln in second.out)
         reports = list((tmp_path / "reports" / info.id).glob("validate-*.json"))
-        assert len(reports) == 1
-        report = json.loads(reports[0].read_text())
-        assert (report["verdict"], report["mode"], report["torch"]) == ("PASS", "cpu", "2.13.0+cpu")
+        assert len(reports) == 2  # each run's verdict
+        for path in reports:
+            report = json.loads(path.read_text())
+            assert (report["verdict"], report["mode"], report["torch"]) == \
+                ("PASS", "cpu", "2.13.0+cpu")
         logs = [p.read_text() for p in (tmp_path / "logs" / info.id).glob("*/torch.log")]
-        assert len(logs) == 2  # the run that installed, and the one the lock refused
-        assert sum(" + torch==2.13.0+cpu\n" in t for t in logs) == 1  # uv's list of installs
-        assert sum("another run holds the lock on this host: root@" in t for t in logs) == 1
+        assert len(logs) == 2  # the run that installed, and the one that followed it
+        assert all(" + torch==2.13.0+cpu\n" in t for t in logs)  # uv's list, seen by both
+        host_log = info.path("/root/.gpu-provision/logs/torch.log").read_text()
+        assert host_log.count(" + torch==2.13.0+cpu\n") == 1  # one install
+        refused = [p.read_text() for p in (tmp_path / "logs" / info.id).glob("*/validate.log")]
+        assert sum("another run holds the lock on this host: root@" in t for t in refused) == 1
         # the installer was checked against the sha256 the mirror's index publishes
         conda_logs = [p.read_text() for p in (tmp_path / "logs" / info.id).glob("*/conda.log")]
         assert sum(f"sha256 ok: {GENUINE}\n" in t for t in conda_logs) == 1

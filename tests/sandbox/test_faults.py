@@ -92,31 +92,41 @@ def test_mirror_404_or_hang_moves_on_else_names_every_url(hosts: Hosts, gp_home:
         harness.stop(info.id)
 
 
-def test_full_disk_is_named_and_the_next_run_clears_the_half_install(
+def test_full_disk_is_refused_before_any_download_and_a_half_install_is_cleared(
         hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    """A disk that cannot hold Miniconda (a 6 MB tmpfs where it would go, and /opt as small:
+    no other disk with room) is refused by the plan with the figures, before anything is
+    downloaded; nothing is left half-made. (A disk that fills under a running step fails it with
+    the kernel's ENOSPC, which doctor names: tests/fixtures/errors/cases.) Then what a killed
+    install leaves (its conda.partial mark and a half-unpacked prefix) is cleared by the next."""
     info = hosts.fresh("cpu-only")
     try:
-        harness.in_host(info, "mkdir", "-p", "/root/miniconda3")
-        harness.in_host(info, "mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", "/root/miniconda3")
+        for where in ("/root/miniconda3", "/opt"):
+            harness.in_host(info, "mkdir", "-p", where)
+            harness.in_host(info, "mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", where)
         r = gpu_provision("-H", info.inventory, "conda", home=gp_home, cwd=tmp_path)
-        assert r.returncode == 1
-        assert "step 'conda' failed" in r.stderr and "No space left on device" in r.stderr
-        assert "pip ran out of disk space" in r.stderr and "(seen: ERROR: Could not install " \
-            "packages due to an OSError: [Errno 28] No space left on device)" in r.stderr
-        assert "Free space on the disk the env is on" in r.stderr
-        entry = journal(info)["conda"]
-        assert entry["result"] == "failed"
-        assert harness.in_host(info, "cat", "/root/.gpu-provision/conda.partial").stdout == \
-            "/root/miniconda3\n"
-        assert harness.in_host(info, "ls", "-A", "/root/miniconda3").stdout  # half there
+        assert r.returncode == 2, r.stdout + r.stderr  # blocked: nothing can go ahead
+        [line] = [ln for ln in r.stderr.splitlines() if "not enough disk" in ln]  # said once
+        assert line.startswith(f"error: {info.id}: not enough disk for this plan: "
+                               "/root/miniconda3 (6.0 MiB free) needs ")
+        assert "Miniconda 572.2 MiB" in line and "set env_dir: DIR in the inventory" in line
+        assert "conda" not in journal(info)  # the step never ran
+        assert harness.in_host(info, "ls", "-A", "/root/miniconda3").stdout == ""
+        for where in ("/root/miniconda3", "/opt"):
+            harness.in_host(info, "umount", where)
 
-        harness.in_host(info, "mount", "-o", "remount,size=400m", "/root/miniconda3")
+        # what an install killed midway leaves: its mark, and part of the prefix
+        harness.in_host(info, "mkdir", "-p", "/root/.gpu-provision", "/root/miniconda3/pkgs")
+        harness.in_host(info, "sh", "-c", "echo /root/miniconda3 > /root/.gpu-provision/"
+                        "conda.partial; echo half > /root/miniconda3/pkgs/half-unpacked")
         again = gpu_provision("-H", info.inventory, "conda", home=gp_home, cwd=tmp_path)
         assert again.returncode == 0, again.stdout + again.stderr
         log = "".join(p.read_text() for p in (tmp_path / "logs").rglob("conda.log"))
         assert "an earlier Miniconda install at /root/miniconda3 did not finish: clearing it" in log
         assert journal(info)["conda"]["result"] == "ok"
         assert harness.in_host(info, "/root/miniconda3/bin/conda", "--version").returncode == 0
+        assert harness.in_host(info, "test", "-e", "/root/miniconda3/pkgs/half-unpacked",
+                               check=False).returncode == 1
         assert harness.in_host(info, "test", "-e", "/root/.gpu-provision/conda.partial",
                                check=False).returncode == 1
     finally:
@@ -149,7 +159,8 @@ def test_ctrl_c_then_reattach_then_a_reboot_then_resume(hosts: Hosts, gp_home: P
         out, err = first.communicate(timeout=30)
         assert first.returncode == 130, out + err
         assert "interrupted while waiting for step 'torch'; it goes on, detached, on the host" in err
-        assert "Run bootstrap again to re-attach" in err
+        assert "run bootstrap again to re-attach" in err
+        assert "Ctrl-C again within 3s stops it there, later `gpu-provision -H " in err + out
         pid = int(pidf.read_text().split()[0])
         assert alive(pid)  # pip goes on
 

@@ -245,9 +245,10 @@ def test_ssh_config_lets_plain_ssh_trust_exactly_our_pin(box: tuple[harness.Host
 class Running:
     """A program run in the background, its stdout and stderr lines kept as they come."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, session: bool = False):
+        """``session``: in a session (and process group) of its own, as a terminal starts it."""
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env, cwd=cwd)
+                                     text=True, env=env, cwd=cwd, start_new_session=session)
         self.out: list[str] = []
         self.err: list[str] = []
         for stream, into in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):

@@ -131,7 +131,10 @@ def test_old_cuda_torch_without_the_gpus_arch_shows_the_replacement_and_its_comm
 def test_a_python_asked_of_the_platforms_env_is_refused(hosts: Hosts, gp_home: Path,
                                                         tmp_path: Path) -> None:
     info = hosts.get("autodl")  # read-only here: plan and a refused env step change nothing
-    plan = plan_json(info.inventory, gp_home, "--python", "3.10")
+    blocked = gpu_provision("-H", info.inventory, "plan", "--json", "--python", "3.10",
+                            home=gp_home)
+    assert blocked.returncode == 2, blocked.stderr  # a blocked plan: the JSON, and exit 2
+    plan = json.loads(blocked.stdout)
     refusal = ("the platform's env 'base' has python 3.11, python 3.10 is asked (--python): the "
                "platform's env is never replaced; drop --python to use it with python 3.11, or "
                "name an env of ours for python 3.10 beside it (--env-name NAME, or env_name: in "
@@ -139,7 +142,7 @@ def test_a_python_asked_of_the_platforms_env_is_refused(hosts: Hosts, gp_home: P
     assert plan["blocked"] == refusal
     r = gpu_provision("-H", info.inventory, "bootstrap", "--python", "3.10", home=gp_home,
                       cwd=tmp_path)
-    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].endswith(refusal)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(refusal)
     assert envs(info, gp_home) == {"base": ("3.11", None)}
 
 

@@ -19,7 +19,7 @@ from provision.ops.step import Step, Upload
 from provision.remote.command import Command
 from provision.remote.connection import TIMEOUT
 from provision.remote.executor import Result
-from provision.remote.runtime import HEARTBEAT, LOCKED, MARKER
+from provision.remote.runtime import HEARTBEAT, LOCKED, MARKER, REFUSED
 from provision.setup import engine as bootstrap
 from provision.setup.engine import Reconnect, apply
 from provision.setup.plan import Plan
@@ -174,11 +174,11 @@ def test_a_failed_step_names_the_step_the_output_and_the_known_fix(tmp_path: Pat
 
 def test_a_held_lock_and_a_lost_link_are_one_line_each(tmp_path: Path) -> None:
     out, _ = console()
-    held = FakeExecutor({"conda": Answer(exit=LOCKED, stderr="gpu-provision: another run holds the "
+    held = FakeExecutor({"conda": Answer(exit=LOCKED, stderr=f"{REFUSED}another run holds the "
                                          "lock on this host: me@laptop pid 7 step torch since x\n")})
-    with pytest.raises(ProvisionError, match=r"^box: gpu-provision: another run holds the lock on "
-                       r"this host: me@laptop pid 7 step torch since x - wait for it to finish, then "
-                       r"run bootstrap again$"):
+    with pytest.raises(ProvisionError, match=r"^box: another run holds the lock on this host: "
+                       r"me@laptop pid 7 step torch since x - wait for it to finish \(or stop it: "
+                       r"gpu-provision -H box cancel\), then run bootstrap again$"):
         apply(held, plan_of("cpu-fresh"), again=torch_settles("cpu-fresh"),
               store=Store(tmp_path), console=out)  # type: ignore[arg-type]
     lost = FakeExecutor({"env": Answer(exit=-1)})

@@ -45,7 +45,7 @@ def test_bad_inventory_on_the_command_line(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert r.stderr.strip() == (f"error: {tmp_path}/inventories/box.yaml:2: prot: unknown key "
                                 "(did you mean 'port'? allowed: cuda_compat, currency, data_dir, domain_libraries, "
-                                "env_name, gpu, host, keep, key, miniconda_sha256, miniconda_version, "
+                                "env_dir, env_name, gpu, host, keep, key, miniconda_sha256, miniconda_version, "
                                 "mirrors, notes, packages, password_env, platform, port, "
                                 "price_per_hour, push_env, python, recipe, torch, user)")
 
@@ -64,7 +64,7 @@ def test_doctor_offline_on_an_error_text(tmp_path: Path) -> None:
     assert (r.returncode, r.stdout.strip()) == (0, "doctor: <host>: no known problem found")
     r = subprocess.run([str(BIN / "gpu-provision"), "doctor", "--log", "missing.txt"],
                        cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 1 and "--log missing.txt: cannot read it (No such file or directory)" in r.stderr
+    assert r.returncode == 2 and "--log missing.txt: cannot read it (No such file or directory)" in r.stderr
 
 
 def test_every_option_has_help_and_the_conventional_letters() -> None:

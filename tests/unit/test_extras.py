@@ -19,6 +19,7 @@ def test_need_names_what_is_missing_and_the_pip_line() -> None:
     need("yaml", "jinja2", extra="verify")  # present: nothing happens
     with pytest.raises(ProvisionError) as exc:
         need("yaml", "no_such_module_here", extra="verify")
+    assert exc.value.exit_code == 2  # this install cannot run the task: as a usage error
     assert str(exc.value) == ("no_such_module_here is not installed (the 'verify' extra); "
                               f"install with: {sys.executable} -m pip install "
                               "'gpu-provision[verify]'")
@@ -53,7 +54,7 @@ def without(modules: list[str], *argv: str, cwd: Path) -> subprocess.CompletedPr
 def test_verify_task_without_its_extra(tmp_path: Path) -> None:
     # port 9 on loopback: nothing listens, and nothing may try: the check comes first
     r = without(["pytest", "testinfra"], "-H", "root@127.0.0.1:9", "verify", cwd=tmp_path)
-    assert r.returncode == 1
+    assert r.returncode == 2  # this install cannot run the task (README: exit codes)
     assert r.stderr.strip() == ("error: pytest and testinfra are not installed (the 'verify' "
                                 f"extra); install with: {sys.executable} -m pip install "
                                 "'gpu-provision[verify]'")

@@ -22,6 +22,8 @@ def test_plan_case(path: Path) -> None:
     assert got["risks"] == want.get("risks", [])
     assert got["decisions"] == want["decisions"]
     assert got.get("cannot", []) == want.get("cannot", [])
+    if "disk" in want:  # the cases about the disk: what is fetched, where, and what is free
+        assert got["disk"] == want["disk"]
 
 
 def test_the_cases_cover_every_decision_kind() -> None:

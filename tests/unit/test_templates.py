@@ -113,6 +113,10 @@ def test_every_template_is_covered() -> None:
                        "fit/measure.sh.j2", "fit/measure_run.py", "fit/measure_hook.py",
                        # as root: tests/unit/test_as_root.py, tests/sandbox/test_logins.py
                        "remote/_as_root.sh.j2", "remote/as_root.sh.j2",
+                       # a step's disk: in the conda, env, torch and packages steps
+                       "setup/_space.sh.j2",
+                       # cancel: run with bash in tests/unit/test_step_runtime.py
+                       "remote/cancel.sh.j2",
                        # the login block and shell: tests/unit/test_access.py
                        "setup/_login.sh.j2", "setup/login_forget.sh.j2", "access/shell.sh.j2",
                        # a recipe's tools (ollama): tests/unit/test_tool_script.py
