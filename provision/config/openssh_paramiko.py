@@ -18,7 +18,10 @@ from __future__ import annotations
 import glob
 import os
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..errors import ConfigError
 from .openssh_options import Reading, keyword, shown
@@ -81,11 +84,34 @@ def _check_match(raw: str, where: str, n: int) -> None:
         i += 1 if word in ("all", "canonical", "final") else 2
 
 
+class _MatchExec:
+    """Stands in for the ``invoke`` module that paramiko's ``Match exec`` calls: invoke.run would
+    read our own stdin (a `shell -- CMD` fed by a pipe would lose it). The command runs as ssh
+    runs it, ``sh -c`` (readconf.c execute_in_shell), with stdin and stdout on /dev/null."""
+
+    @staticmethod
+    def run(command: str, hide: object = None, warn: bool = True) -> SimpleNamespace:
+        shell = shutil.which("sh")
+        if shell is None:
+            raise ConfigError("your ssh configuration", f"Match exec {command!r} needs a POSIX "
+                              f"shell, and there is none here: {NEEDS_SSH}")
+        try:
+            done = subprocess.run([shell, "-c", command], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, timeout=30)
+        except subprocess.TimeoutExpired:
+            raise ConfigError("your ssh configuration", f"Match exec {command!r}: no end "
+                              "within 30s") from None
+        return SimpleNamespace(ok=done.returncode == 0)
+
+
 def read_with_paramiko(name: str, user: str | None, port: int | None,
                        files: list[Path]) -> Reading:
     """The same Reading as ``ssh -G`` gives, from paramiko's lookup of ``name``. ``user`` and
     ``port`` (from the command line) beat the files, as they do for ssh."""
     import paramiko
+    import paramiko.config
+
+    paramiko.config.invoke = _MatchExec  # type: ignore[assignment]
 
     lines: list[Line] = []
     for i, path in enumerate(files):

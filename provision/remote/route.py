@@ -18,7 +18,6 @@ import select
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
