@@ -111,7 +111,7 @@ def read_with_paramiko(name: str, user: str | None, port: int | None,
     import paramiko
     import paramiko.config
 
-    paramiko.config.invoke = _MatchExec  # type: ignore[assignment]
+    setattr(paramiko.config, "invoke", _MatchExec)  # noqa: B010 (the stubs have no such name)
 
     lines: list[Line] = []
     for i, path in enumerate(files):
