@@ -129,8 +129,11 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 
 def host_arg(target: Target) -> str:
-    """What to pass to ``-H`` to reach ``target`` again."""
-    return target.name if target.source else f"{target.user}@{target.host}:{target.port}"
+    """What to pass to ``-H`` to reach ``target`` again (an ssh configuration's alias, where it
+    decided the address or the way in)."""
+    if target.source:
+        return target.name
+    return target.alias or f"{target.user}@{target.host}:{target.port}"
 
 
 def repin_command(target: Target) -> str:
