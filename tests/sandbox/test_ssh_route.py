@@ -339,3 +339,24 @@ def test_two_routes_to_one_target_are_two_keepers(net: Net, tmp_path: Path) -> N
         assert len(u.keepers()) == 2 and accepted(net.b1, "jumper") == jumps
     finally:
         u.stop()
+
+
+def test_ssh_config_blocks_go_the_same_way(net: Net, tmp_path: Path) -> None:
+    """`ssh-config --write` for a host behind two bastions: plain OpenSSH, through our blocks,
+    takes the route and trusts exactly our pin at every hop."""
+    u = User(tmp_path, net, keep=False)
+    u.ok("-H", "lab2", "facts")
+    u.ok("-H", "lab2", "ssh-config", "--write")
+    alias = f"{net.t2.host}-{net.t2.port}"
+
+    def plain_ssh() -> subprocess.CompletedProcess[str]:
+        # -F: OpenSSH reads the passwd entry's home, not $HOME; it passes -F on to each jump
+        return subprocess.run(["ssh", "-F", str(u.config), "-o", "BatchMode=yes", alias,
+                               "hostname"], capture_output=True, text=True, timeout=60)
+    r = plain_ssh()
+    assert r.returncode == 0 and r.stdout.strip() == net.t2.id, r.stderr
+    # the second bastion's key is no longer the pinned one: ssh refuses that hop
+    harness.in_host(net.b2, "sh", "-c", "rm /etc/gpu-sandbox/ssh_host_ed25519_key* && "
+                    "ssh-keygen -q -t ed25519 -N '' -f /etc/gpu-sandbox/ssh_host_ed25519_key")
+    r = plain_ssh()
+    assert r.returncode != 0 and "Host key verification failed" in r.stderr
