@@ -87,7 +87,7 @@ class Target:
     # name it was read for when it changed the address or the way in
     identity_files: tuple[str, ...] = ()
     identities_only: bool = False
-    agent: bool = True
+    agent: bool | str = True
     proxy_command: str | None = None
     route: tuple[Hop, ...] = ()
     algorithms: tuple[tuple[str, str, tuple[str, ...]], ...] = ()

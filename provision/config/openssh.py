@@ -46,7 +46,8 @@ class Hop:
     """One machine of the route: a jump host, or (the last leg) the target itself.
 
     ``keys``: the IdentityFiles that exist, tokens expanded, in order (ssh skips missing ones);
-    ``agent``: whether the agent's keys may be offered (IdentitiesOnly, IdentityAgent none);
+    ``agent``: the agent whose keys may be offered: True the one at ``$SSH_AUTH_SOCK``, False
+    none (IdentityAgent none), or the socket IdentityAgent names;
     ``proxy_command``: only on the first leg, ready for ``sh -c``; ``algorithms``: the lists
     the configuration narrowed, as (paramiko category, "only"/"not", patterns); ``where``: which
     line brought this hop in, for messages.
@@ -58,7 +59,7 @@ class Hop:
     user: str
     keys: tuple[str, ...] = ()
     identities_only: bool = False
-    agent: bool = True
+    agent: bool | str = True
     proxy_command: str | None = None
     connect_timeout: int | None = None
     algorithms: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
@@ -299,9 +300,24 @@ def hop_of(r: Reading, user: str, where: str, proxy: bool = True) -> Hop:
         command = None
     return Hop(name=r.name, host=r.hostname, port=port, user=user, keys=keys,
                identities_only=(r.first("identitiesonly") or "no").lower() in ("yes", "true"),
-               agent=(agent_path or "").lower() != "none", proxy_command=command,
+               agent=agent_of(agent_path), proxy_command=command,
                connect_timeout=int(timeout) if timeout and timeout.isdigit() else None,
                algorithms=_narrowed(r), where=where)
+
+
+def agent_of(value: str | None) -> bool | str:
+    """IdentityAgent as ssh.c reads it: ``none``, ``SSH_AUTH_SOCK`` (the variable), ``$VAR``
+    (another variable; unset: no agent), else a socket path (``~`` and ``${VAR}`` expanded)."""
+    if not value or value in ("SSH_AUTH_SOCK", "$SSH_AUTH_SOCK"):
+        return True
+    if value.lower() == "none":
+        return False
+    if value.startswith("$") and not value.startswith("${"):
+        value = os.environ.get(value[1:]) or ""
+        if not value:
+            return False
+    path = os.path.expanduser(os.path.expandvars(value))
+    return True if path == os.environ.get("SSH_AUTH_SOCK") else path
 
 
 def _narrowed(r: Reading) -> tuple[tuple[str, str, tuple[str, ...]], ...]:

@@ -32,7 +32,7 @@ from paramiko.hostkeys import HostKeys
 from ..config.openssh import Hop, describe
 from ..config.shipped import state_dir
 from ..errors import ProvisionError, SSHError
-from .route import ProxySock, TunnelFailed, tunnel
+from .route import ProxySock, TunnelFailed, agent_at, tunnel
 
 if TYPE_CHECKING:  # the inventory module is not loaded by a keeper (keeper.py), which starts fast
     from ..config.inventory import Target
@@ -157,7 +157,7 @@ def check_credentials(target: Target, password: str | None = None) -> None:
         raise SSHError(target.name, NO_KEY, f"the key file {target.key} ({where}) does not "
                        "exist: pass -i KEY with your private key")
     if password or target.password or target.password_env or target.key or \
-            target.identity_files:
+            target.identity_files or isinstance(target.agent, str):
         return
     if any(Path(os.path.expanduser(k)).is_file() for k in DEFAULT_KEYS) or _agent_has_keys():
         return
@@ -263,9 +263,9 @@ def _leg(target: Target, opened: list[Connection], host: str, port: int,
     return None
 
 
-def _credentials(keys: list[str], others: bool, agent: bool, identities_only: bool,
+def _credentials(keys: list[str], others: bool, agent: bool | str, identities_only: bool,
                  look: bool, timeout: int) -> dict[str, object]:
-    kwargs: dict[str, object] = {"allow_agent": others and agent and not identities_only,
+    kwargs: dict[str, object] = {"allow_agent": others and bool(agent) and not identities_only,
                                  "look_for_keys": others and look,
                                  "banner_timeout": timeout, "auth_timeout": timeout}
     if keys:
@@ -279,7 +279,7 @@ def _login_hop(target: Target, hop: Hop, sock: Any, timeout: int,
                           not hop.keys, timeout)
     if target.passphrase:
         kwargs["passphrase"] = target.passphrase
-    conn = _open(hop.host, hop.user, hop.port, timeout, kwargs, sock, hop.algorithms,
+    conn = _open(hop.host, hop.user, hop.port, timeout, kwargs, sock, hop.algorithms, hop.agent,
                  PinningPolicy(hop.pin_name, known_hosts_path(), notify, replace),
                  lambda exc, timed_out, waited: _hop_failed(target, hop, exc, timed_out, timeout,
                                                             _tried(kwargs), waited, sock))
@@ -324,12 +324,12 @@ def _login(target: Target, sock: Any, timeout: int, notify: Callable[[str], None
                             f"reached {via})")
         return error
     return _open(target.host, target.user, target.port, timeout, kwargs, sock, target.algorithms,
-                 PinningPolicy(target.pin_name, known_hosts_path(), notify, replace_key),
+                 target.agent, PinningPolicy(target.pin_name, known_hosts_path(), notify, replace_key),
                  failed, routed)
 
 
 def _open(host: str, user: str, port: int, timeout: int, kwargs: dict[str, object], sock: Any,
-          algorithms: tuple[tuple[str, str, tuple[str, ...]], ...],
+          algorithms: tuple[tuple[str, str, tuple[str, ...]], ...], agent: bool | str,
           policy: paramiko.MissingHostKeyPolicy,
           failed: Callable[[BaseException, bool, float], BaseException],
           routed: bool = True) -> Connection:
@@ -342,6 +342,12 @@ def _open(host: str, user: str, port: int, timeout: int, kwargs: dict[str, objec
     conn = cls(host, user=user, port=port, connect_timeout=timeout, connect_kwargs=kwargs,
                config=_bare())
     conn.client.set_missing_host_key_policy(policy)
+    if isinstance(agent, str) and kwargs.get("allow_agent"):
+        # IdentityAgent PATH: SSHClient asks the agent it holds, and makes one from
+        # $SSH_AUTH_SOCK only when it holds none (client.py _auth)
+        conn.client._agent = agent_at(agent)
+        if conn.client._agent is None:  # as ssh: no agent there, the other keys still count
+            conn.connect_kwargs["allow_agent"] = False
     started = time.monotonic()
     try:
         conn.open()

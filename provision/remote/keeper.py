@@ -285,7 +285,7 @@ class Login:
     # hops as JSON (connection.connect takes either)
     identity_files: tuple[str, ...] = ()
     identities_only: bool = False
-    agent: bool = True
+    agent: bool | str = True
     proxy_command: str | None = None
     alias: str | None = None
     route: tuple[dict[str, Any], ...] = ()

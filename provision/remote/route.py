@@ -18,12 +18,14 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
 from typing import Any
 
 import paramiko
+from paramiko.agent import AgentSSH
 
 _OPEN_FAILED = "open FAILED: "
 _LOG_SEQ = iter(range(1, 1 << 62))
@@ -133,3 +135,25 @@ def tunnel(conn: Any, host: str, port: int, timeout: float) -> paramiko.Channel:
         raise TunnelFailed(str(exc), timed_out="Timeout" in str(exc)) from None
     finally:
         logger.removeHandler(said)
+
+
+class _AgentAt(AgentSSH):
+    """The agent at a socket IdentityAgent names (paramiko's Agent reads $SSH_AUTH_SOCK only)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        sock = socket.socket(socket.AF_UNIX)
+        sock.settimeout(10)
+        sock.connect(path)
+        self._connect(sock)  # type: ignore[attr-defined]  # (not in the stubs)
+
+    def close(self) -> None:
+        self._close()  # type: ignore[attr-defined]
+
+
+def agent_at(path: str) -> AgentSSH | None:
+    """That agent, its keys listed; None when nothing answers there."""
+    try:
+        return _AgentAt(path)
+    except (OSError, paramiko.SSHException):
+        return None

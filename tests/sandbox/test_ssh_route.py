@@ -323,6 +323,29 @@ Host lab-wrongkey
         silent.close()
 
 
+def test_identity_agent_by_path(net: Net, tmp_path: Path) -> None:
+    """The target's key only in an agent that IdentityAgent names ($SSH_AUTH_SOCK unset), as
+    1Password's or Secretive's agent is set up."""
+    sock = tmp_path / "agent.sock"
+    started = subprocess.run(["ssh-agent", "-a", str(sock)], capture_output=True, text=True,
+                             check=True)
+    pid = started.stdout.split("SSH_AGENT_PID=", 1)[1].split(";", 1)[0]
+    try:
+        subprocess.run(["ssh-add", str(net.target_key)], env={"SSH_AUTH_SOCK": str(sock)},
+                       check=True, capture_output=True)
+        u = User(tmp_path, net, keep=False, extra=f"""
+Host lab-agent
+  HostName {net.t1.host}
+  Port {net.t1.port}
+  ProxyJump jump1
+  IdentityAgent {sock}
+""")
+        r = u.ok("-H", "lab-agent", "shell", "--", "hostname", env={"SSH_AUTH_SOCK": ""})
+        assert r.stdout.strip() == net.t1.id
+    finally:
+        subprocess.run(["ssh-agent", "-k"], env={"SSH_AGENT_PID": pid}, capture_output=True)
+
+
 def test_two_routes_to_one_target_are_two_keepers(net: Net, tmp_path: Path) -> None:
     u = User(tmp_path, net, keep=True)
     ssh = _proxy_ssh(net, tmp_path)

@@ -82,6 +82,8 @@ def test_case(case: dict[str, Any], reader: str, tmp_path: Path,
             assert t.connect_timeout == value
         elif key == "algorithms":
             assert [[c, m, list(p)] for c, m, p in t.algorithms] == value
+        elif key == "agent" and isinstance(value, str):
+            assert t.agent == value.replace("{dir}", str(d))
         else:
             assert getattr(t, key) == value, key
 
