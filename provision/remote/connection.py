@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import fnmatch
 import logging
 import os
 import socket
@@ -32,7 +31,7 @@ from paramiko.hostkeys import HostKeys
 from ..config.openssh import Hop, describe
 from ..config.shipped import state_dir
 from ..errors import ProvisionError, SSHError
-from .route import ProxySock, TunnelFailed, agent_at, tunnel
+from .route import ProxySock, Routed, TunnelFailed, agent_at, disabled_algorithms, tunnel
 
 if TYPE_CHECKING:  # the inventory module is not loaded by a keeper (keeper.py), which starts fast
     from ..config.inventory import Target
@@ -218,16 +217,6 @@ def connect(target: Target, notify: Callable[[str], None] | None = None,
     return conn
 
 
-class Routed(Connection):  # type: ignore[misc]
-    """A connection whose socket is a channel of its jump hosts' logins (``hops``, set once
-    they are all up): they close with it."""
-
-    def close(self) -> None:
-        super().close()
-        for hop in reversed(getattr(self, "hops", [])):
-            hop.close()
-
-
 def _bare() -> FabricConfig:
     """Fabric's settings without its own ssh_config and files: where and how we connect is
     decided here (and by config/openssh.py), never by a second lookup of the address."""
@@ -335,7 +324,7 @@ def _open(host: str, user: str, port: int, timeout: int, kwargs: dict[str, objec
           routed: bool = True) -> Connection:
     if sock is not None:
         kwargs["sock"] = sock
-    disabled = _disabled(algorithms)
+    disabled = disabled_algorithms(algorithms)
     if disabled:
         kwargs["disabled_algorithms"] = disabled
     cls = Routed if routed else Connection
@@ -356,18 +345,6 @@ def _open(host: str, user: str, port: int, timeout: int, kwargs: dict[str, objec
         waited = time.monotonic() - started
         raise failed(exc, waited >= timeout * 0.9, waited) from None
     return conn
-
-
-def _disabled(algorithms: tuple[tuple[str, str, tuple[str, ...]], ...]) -> dict[str, list[str]]:
-    """paramiko's ``disabled_algorithms`` for the lists the configuration narrowed: what
-    paramiko offers and the list does not allow (``only``), or the list takes away (``not``);
-    patterns as ssh_config(5) allows them (``*``, ``?``)."""
-    out: dict[str, list[str]] = {}
-    for category, mode, patterns in algorithms:
-        offered = getattr(paramiko.Transport, f"_preferred_{category}", ())
-        listed = [a for a in offered if any(fnmatch.fnmatchcase(a, p) for p in patterns)]
-        out[category] = [a for a in offered if (a in listed) != (mode == "only")]
-    return out
 
 
 def _said(error: SSHError) -> str:

@@ -12,6 +12,7 @@ message when it ends.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import select
@@ -25,6 +26,7 @@ import time
 from typing import Any
 
 import paramiko
+from fabric import Connection
 from paramiko.agent import AgentSSH
 
 _OPEN_FAILED = "open FAILED: "
@@ -157,3 +159,25 @@ def agent_at(path: str) -> AgentSSH | None:
         return _AgentAt(path)
     except (OSError, paramiko.SSHException):
         return None
+
+
+class Routed(Connection):  # type: ignore[misc]
+    """A connection whose socket is a channel of its jump hosts' logins (``hops``, set once
+    they are all up): they close with it."""
+
+    def close(self) -> None:
+        super().close()
+        for hop in reversed(getattr(self, "hops", [])):
+            hop.close()
+
+
+def disabled_algorithms(algorithms: tuple[tuple[str, str, tuple[str, ...]], ...]) -> dict[str, list[str]]:
+    """paramiko's ``disabled_algorithms`` for the lists the configuration narrowed: what
+    paramiko offers and the list does not allow (``only``), or the list takes away (``not``);
+    patterns as ssh_config(5) allows them (``*``, ``?``)."""
+    out: dict[str, list[str]] = {}
+    for category, mode, patterns in algorithms:
+        offered = getattr(paramiko.Transport, f"_preferred_{category}", ())
+        listed = [a for a in offered if any(fnmatch.fnmatchcase(a, p) for p in patterns)]
+        out[category] = [a for a in offered if (a in listed) != (mode == "only")]
+    return out

@@ -139,7 +139,7 @@ def test_two_routes_to_one_target_are_two_keepers() -> None:
 def test_narrowed_lists_become_paramikos_disabled_algorithms() -> None:
     import paramiko
 
-    from provision.remote.connection import _disabled
+    from provision.remote.route import disabled_algorithms as _disabled
     offered = paramiko.Transport._preferred_ciphers
     only = _disabled((("ciphers", "only", ("aes256-ctr",)),))["ciphers"]
     assert "aes256-ctr" not in only and set(only) == set(offered) - {"aes256-ctr"}
