@@ -247,6 +247,13 @@ def test_include_pattern_order_and_the_command_line(net: Net, tmp_path: Path) ->
     assert r.returncode == 1 and "nobody@" in r.stderr  # User came from the later block
     facts = json.loads(u.ok("-H", "root@lab-inc", "facts", "--json").stdout)
     assert facts["hostname"] == net.t1.id
+    # -S FILE: that file alone, as ssh -F (the user's file is not read)
+    alone = tmp_path / "alone.conf"
+    alone.write_text(config_text(net).replace("Host lab\n", "Host lab-s\n"))
+    facts = json.loads(u.ok("-S", str(alone), "-H", "lab-s", "facts", "--json").stdout)
+    assert facts["hostname"] == net.t1.id
+    r = u("-S", str(alone), "-H", "lab-inc", "facts")
+    assert r.returncode != 0 and "nobody@" not in r.stderr
 
 
 def test_a_refused_option_is_named_with_its_line(net: Net, tmp_path: Path) -> None:
