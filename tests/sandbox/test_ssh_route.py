@@ -390,3 +390,28 @@ def test_ssh_config_blocks_go_the_same_way(net: Net, tmp_path: Path) -> None:
                     "ssh-keygen -q -t ed25519 -N '' -f /etc/gpu-sandbox/ssh_host_ed25519_key")
     r = plain_ssh()
     assert r.returncode != 0 and "Host key verification failed" in r.stderr
+
+
+def test_an_open_openssh_master_is_refused_and_none_is_fine(net: Net, tmp_path: Path) -> None:
+    """ssh would send its session over a master open at ControlPath (and so neither log in
+    nor follow the configuration's route): we stop, naming the line; without one, we go."""
+    u = User(tmp_path, net, keep=False)
+    cm = tmp_path / "cm"
+    known = tmp_path / "known"
+    known.write_text(f"[{net.b1.host}]:{net.b1.port} {host_key(net.b1)}\n")
+    u.config.write_text(f"Host jump1\n  ControlMaster auto\n  ControlPath {cm}\n"
+                        f"  UserKnownHostsFile {known}\n  StrictHostKeyChecking yes\n"
+                        + u.config.read_text())
+    ssh = ["ssh", "-F", str(u.config), "-o", "BatchMode=yes"]
+    subprocess.run([*ssh, "-M", "-N", "-f", "jump1"], check=True, timeout=60,
+                   capture_output=True)
+    try:
+        assert cm.is_socket()
+        r = u("-H", "lab", "facts")
+        assert r.returncode == 1
+        assert f"~/.ssh/config:3: ControlPath: '{cm}' (for jump1) cannot be honoured" in r.stderr
+        assert "ssh -O exit jump1" in r.stderr
+    finally:
+        subprocess.run([*ssh, "-O", "exit", "jump1"], timeout=60, capture_output=True)
+    assert not cm.exists()
+    assert json.loads(u.ok("-H", "lab", "facts", "--json").stdout)["hostname"] == net.t1.id

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import shutil
+import socket
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,19 @@ def test_case(case: dict[str, Any], reader: str, tmp_path: Path,
     monkeypatch.setenv("GPU_PROVISION_SSH", "none" if reader == "paramiko" else "")
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     want = dict(case["expect"])
-    if "error" in want:
-        with pytest.raises(ConfigError) as err:
-            _target(case, d, config)
-        assert want["error"] in str(err.value)
-        return
-    t = _target(case, d, config)
+    master = socket.socket(socket.AF_UNIX)  # an OpenSSH master's socket: something listens
+    if case.get("listen"):
+        master.bind(str(d / case["listen"]))
+        master.listen(1)
+    try:
+        if "error" in want:
+            with pytest.raises(ConfigError) as err:
+                _target(case, d, config)
+            assert want["error"] in str(err.value)
+            return
+        t = _target(case, d, config)
+    finally:
+        master.close()
     local = getpass.getuser()
     for key, value in want.items():
         if key == "user":
