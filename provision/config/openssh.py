@@ -103,7 +103,9 @@ def config_files(explicit: str | None) -> list[Path]:
             from ..errors import UsageError
             raise UsageError(f"-S {explicit}: no such file (give the ssh_config file to read)")
         return [path]
-    return [Path(os.path.expanduser("~/.ssh/config")), Path("/etc/ssh/ssh_config")]
+    system = Path(os.environ.get("PROGRAMDATA", "C:/ProgramData"), "ssh/ssh_config") \
+        if os.name == "nt" else Path("/etc/ssh/ssh_config")  # Win32-OpenSSH's place for it
+    return [Path(os.path.expanduser("~/.ssh/config")), system]
 
 
 # --- reading with OpenSSH ---------------------------------------------------------------------

@@ -85,6 +85,9 @@ def _proxy_command(r: Reading) -> str | None:
     if value.strip() == "-":
         return ("`ProxyCommand -` means the connection is ssh's own stdin/stdout, which only "
                 "an ssh started by another program has")
+    if os.name == "nt":  # paramiko's ProxyCommand, and ours, wait on the pipes with select()
+        return ("a command's pipes cannot be waited on here (Windows' select() takes sockets "
+                "only): use ProxyJump, which needs no command")
     if not shutil.which("sh"):
         return ("ssh runs ProxyCommand with `sh -c` (ssh_config(5)) and this machine has no "
                 "POSIX shell: use ProxyJump, which needs none")

@@ -83,10 +83,10 @@ class ProxySock(paramiko.ProxyCommand):
 
     def close(self) -> None:
         if self.process.poll() is None:
-            try:
+            try:  # the command's group: `ssh -W` and what a shell line started with it
                 os.killpg(self.process.pid, signal.SIGTERM)
             except OSError:
-                pass
+                self.process.terminate()
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
