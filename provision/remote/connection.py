@@ -206,7 +206,7 @@ def connect(target: Target, notify: Callable[[str], None] | None = None,
             opened.append(_login_hop(target, hop, sock, timeout, notify,
                                      repin_hop is not None and _is_hop(hop, repin_hop)))
         sock = _leg(target, opened, target.host, target.port, target.proxy_command, timeout,
-                    f"{target.user}@{target.host}:{target.port}")
+                    target.alias or "the host")
         conn = _login(target, sock, timeout, notify, replace_key, password, key_only)
     except BaseException:
         for c in reversed(opened):
@@ -238,8 +238,9 @@ def _leg(target: Target, opened: list[Connection], host: str, port: int,
             via = opened[-1].gp_hop
             kind = TIMEOUT if exc.timed_out or "timed out" in exc.reason.lower() else \
                 REFUSED if "refused" in exc.reason.lower() else UNREACHABLE
+            where = what if f"{host}:{port}" in what else f"{what} ({host}:{port})"
             raise SSHError(target.name, kind, f"the jump host {via.label()} could not reach "
-                           f"{what} ({host}:{port}): {exc.reason}"
+                           f"{where}: {exc.reason}"
                            + (f" within {timeout}s" if exc.timed_out else "")
                            + " (the machine is down or the jump host cannot reach it: check "
                            "HostName and Port for it in your ssh configuration)") from None
