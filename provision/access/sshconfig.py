@@ -74,19 +74,27 @@ def alias_of(target: Target) -> str:
     return _PATTERN_CHARS.sub("-", name)
 
 
-def host_block(target: Target, known_hosts: Path, key_types: Sequence[str]) -> HostBlock:
-    """The block for one host whose key is pinned (``key_types``: the pinned key types)."""
+def host_block(target: Target, known_hosts: Path, key_types: Sequence[str], *,
+               alias: str | None = None, jump: str | None = None,
+               proxy_command: str | None = None, comment: str | None = None) -> HostBlock:
+    """The block for one host whose key is pinned (``key_types``: the pinned key types).
+    ``jump``/``proxy_command``: the way in its ssh configuration gave (``blocks_for``)."""
     if not key_types:
         raise ProvisionError(f"{target.name}: no host key pinned yet; connect once first "
                              f"(gpu-provision -H {target.name} facts) so there is a key to trust")
-    alias = alias_of(target)
+    alias = alias or alias_of(target)
     lines = [f"Host {alias}",
              f"  HostName {_value(target.host)}",
              f"  Port {target.port}",
              f"  User {_value(target.user)}"]
-    if target.key:
-        lines += [f"  IdentityFile {_value(os.path.expanduser(target.key))}",
-                  "  IdentitiesOnly yes"]
+    keys = [os.path.expanduser(target.key)] if target.key else []
+    keys += [k for k in target.identity_files if k not in keys]
+    if keys:
+        lines += [f"  IdentityFile {_value(k)}" for k in keys] + ["  IdentitiesOnly yes"]
+    if jump:
+        lines.append(f"  ProxyJump {jump}")
+    elif proxy_command:  # already expanded: a % left in it must stay one (ssh_config(5) TOKENS)
+        lines.append(f"  ProxyCommand {proxy_command.replace('%', '%%')}")
     algorithms = ",".join(_ALGORITHMS.get(k, k) for k in key_types)
     lines += [f"  HostKeyAlias {_value(target.pin_name)}",
               f"  UserKnownHostsFile {_value(str(known_hosts))}",
@@ -96,7 +104,26 @@ def host_block(target: Target, known_hosts: Path, key_types: Sequence[str]) -> H
               "  CheckHostIP no",
               f"  HostKeyAlgorithms {algorithms}"]
     source = f" ({target.source})" if target.source else ""
-    return HostBlock(alias, f"# {target.name}{source}\n" + "\n".join(lines) + "\n")
+    return HostBlock(alias, f"# {comment or target.name + source}\n" + "\n".join(lines) + "\n")
+
+
+def blocks_for(target: Target, known_hosts: Path) -> list[HostBlock]:
+    """``target``'s block, and one per jump host on its way (each trusting its own pin, as our
+    connection does), the target's ``ProxyJump`` naming them in order: plain ssh then goes
+    the way we go, never straight to the address."""
+    out: list[HostBlock] = []
+    for i, hop in enumerate(target.route):
+        t = Target(name=hop.label(), host=hop.host, port=hop.port, user=hop.user,
+                   identity_files=hop.keys)
+        out.append(host_block(t, known_hosts, pinned_types(t, known_hosts),
+                              alias=_PATTERN_CHARS.sub("-", f"gpu-provision-hop-{hop.user}-"
+                                                       f"{hop.host}-{hop.port}"),
+                              proxy_command=hop.proxy_command if i == 0 else None,
+                              comment=f"jump host {hop.label()} on the way to {target.name}"))
+    jump = ",".join(b.alias for b in out) or None
+    out.append(host_block(target, known_hosts, pinned_types(target, known_hosts), jump=jump,
+                          proxy_command=target.proxy_command))
+    return out
 
 
 def parse_blocks(text: str) -> dict[str, str]:

@@ -15,10 +15,10 @@ from typing import Any
 from fabric import Executor
 from invoke.exceptions import Exit
 
-from ..config.inventory import expand_hosts, resolve_target
+from ..config.inventory import expand_hosts
 from ..errors import ProvisionError, RemoteError
 from ..ui import console as output
-from .taskkit import take_command
+from .taskkit import host_target, take_command
 
 
 # the work is waiting on the network: threads are cheap, a second wave of hosts is not
@@ -89,7 +89,7 @@ def label(ctx: Any) -> str:
     spec = getattr(ctx, "original_host", None)
     if spec:
         try:
-            return resolve_target(spec, user=ctx.user, port=ctx.port, host=ctx.host).name
+            return host_target(ctx, spec).name
         except ProvisionError:
             return str(spec)
     return f"{getattr(ctx, 'user', '?')}@{getattr(ctx, 'host', '?')}:{getattr(ctx, 'port', '?')}"

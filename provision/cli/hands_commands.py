@@ -148,7 +148,7 @@ def ssh_config(c: Context, write: bool = False, remove: bool = False, hosts: str
         raise UsageError("ssh-config: no hosts: give -H NAME (or --hosts a,b), or keep "
                          f"inventories in {', '.join(str(d) for d in inventory_dirs())}")
     known = known_hosts_path()
-    blocks = [sshconfig.host_block(t, known, sshconfig.pinned_types(t, known)) for t in targets]
+    blocks = [b for t in targets for b in sshconfig.blocks_for(t, known)]
     if write:
         held = sshconfig.write_ours(ours, blocks)
         added = sshconfig.add_include(user_config, ours)

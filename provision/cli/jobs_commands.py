@@ -18,7 +18,7 @@ from fabric import Connection
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from ..config.inventory import Target, expand_hosts, resolve_target, settings_for
+from ..config.inventory import Target, expand_hosts, settings_for
 from ..config.recipes import all_platforms, load_recipe
 from ..errors import ProvisionError, SSHError, UsageError
 from ..facts.gather import data_dirs
@@ -47,7 +47,7 @@ from ..sync.plan import human
 from ..sync.transfer import Options as SyncOptions
 from ..sync.transfer import sync_up
 from ..ui import console as output
-from .taskkit import ONE_HOST, has_host, target_of
+from .taskkit import ONE_HOST, has_host, host_target, target_of
 from .taskkit import notify as _notify
 
 A = TypeVar("A")
@@ -65,13 +65,10 @@ def targets_of(c: Context, hosts: str | None) -> list[Target]:
         base = c.config if isinstance(c, Context) else None
         out = []
         for spec in specs:
-            # Fabric resolves user@host:port and ~/.ssh/config as it would for -H
+            # Fabric splits user@host:port as it would for -H; the ssh configuration and -i
+            # complete it as for -H (taskkit.host_target)
             cx = Connection(spec, config=base) if base is not None else Connection(spec)
-            t = resolve_target(spec, user=cx.user, port=cx.port, host=cx.host)
-            keys = c.connect_kwargs.get("key_filename") if has_host(c) else None
-            if keys:
-                t = replace(t, key=keys[0] if isinstance(keys, list) else str(keys))
-            out.append(t)
+            out.append(host_target(cx, cx.original_host))
         return out
     if not has_host(c):
         raise UsageError(f"{ONE_HOST} (or --hosts a,b)")

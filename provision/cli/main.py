@@ -146,8 +146,12 @@ class GpuProvision(Program):
         if not self.args.hosts.value:
             self.config.merge()
             return
+        # Fabric splits -H's user@host:port and nothing more: the ssh configuration is read as
+        # OpenSSH reads it (config/openssh.py, from taskkit.target_of), ProxyJump included, so
+        # Fabric loads none and gives no user or port of its own ("" and 0: not written)
         self.config.set_runtime_ssh_path(self.args["ssh-config"].value)
-        self.config.load_ssh_config()
+        self.config._overrides["user"] = ""
+        self.config._overrides["port"] = 0
         connect_kwargs: dict[str, Any] = {}
         paths = self.args.identity.value
         if paths:

@@ -207,30 +207,40 @@ def has_host(c: Any) -> bool:
 
 
 def target_of(c: Any) -> Target:
-    """The host of this call, as the inventory and the command line describe it.
+    """The host of this call, as the inventory, the command line and the user's ssh
+    configuration describe it (``inventory.with_ssh_config`` says which wins).
 
-    Fabric has already split ``user@host:port`` and applied ``~/.ssh/config`` (HostName, User,
-    Port, IdentityFile). The key: ``-i``, else the inventory's ``key:``, else ssh_config's
-    IdentityFile. ``-t``, ``--prompt-for-login-password`` and ``--prompt-for-passphrase`` ride
-    along to the connection.
+    Fabric has split ``user@host:port`` only (it reads no ssh_config here: ours is read as
+    OpenSSH reads it, ProxyJump included). ``-i``, ``-t``, ``--prompt-for-login-password`` and
+    ``--prompt-for-passphrase`` ride along to the connection.
     """
     if not has_host(c):
         raise UsageError(ONE_HOST)
-    from ..config.inventory import resolve_target
-
-    identities = [str(p) for p in (c.config.get("authentication") or {}).get("identities") or []]
-    target = resolve_target(c.original_host, user=c.user, port=c.port, host=c.host,
-                            key=identities[0] if identities else None, connecting=True)
-    if target.source is None and c.host == c.original_host:
-        _must_resolve(c.host)
     kwargs = c.connect_kwargs or {}
-    from_ssh_config = kwargs.get("key_filename")
-    if target.key is None and from_ssh_config:
-        target = replace(target, key=str(from_ssh_config[0] if isinstance(from_ssh_config, list)
-                                         else from_ssh_config))
     timeout = kwargs.get("timeout") or getattr(c, "connect_timeout", None)
-    return replace(target, connect_timeout=int(timeout) if timeout else None,
+    target = host_target(c, c.original_host, connecting=True)
+    if target.source is None and target.alias is None and target.host == c.original_host:
+        _must_resolve(target.host)
+    return replace(target, connect_timeout=int(timeout) if timeout else target.connect_timeout,
                    password=kwargs.get("password"), passphrase=kwargs.get("passphrase"))
+
+
+def host_target(c: Any, spec: str, connecting: bool = False) -> Target:
+    """One host of ``-H`` (or ``--hosts``), ``spec`` its inventory name or host, completed by
+    the ssh configuration (``-S FILE``, else the user's and the system's)."""
+    from ..config.inventory import resolve_target, with_ssh_config
+
+    config = getattr(c, "config", None)
+    identities = [str(p) for p in ((config.get("authentication") if config else None)
+                                   or {}).get("identities") or []]
+    user = getattr(c, "user", None) or None  # only what -H wrote (main.py: no Fabric default)
+    port = getattr(c, "port", None) or None
+    target = resolve_target(spec, user=user, port=port, host=None,
+                            key=identities[0] if identities else None, connecting=connecting)
+    cli_user = user if target.source is None else None  # an inventory's -H has no user@
+    cli_port = port if target.source is None else None
+    return with_ssh_config(target, cli_user, cli_port,
+                           getattr(config, "_runtime_ssh_path", None) if config else None)
 
 
 def _must_resolve(name: str) -> None:

@@ -10,9 +10,10 @@ from .taskkit import reports_errors, target_of, task
 from .taskkit import session_of as _session
 
 
-@task
+@task(help={"hop": "re-pin this jump host on the way (its ProxyJump name or host:port) "
+                   "instead of the host itself, e.g. --hop bastion"})
 @reports_errors
-def repin(c: Context) -> None:
+def repin(c: Context, hop: str | None = None) -> None:
     """Accept the host's current SSH key, replacing the pinned one (after a rebuild or reuse).
 
     Example: gpu-provision -H root@203.0.113.10:2222 repin
@@ -21,7 +22,10 @@ def repin(c: Context) -> None:
     from ..remote.keep import stop_for
     target = target_of(c)
     stop_for(target, known_hosts_path())  # a kept connection was checked against the old key
-    connect(target, notify=_notify, replace_key=True).close()
+    if hop:
+        connect(target, notify=_notify, repin_hop=hop).close()
+    else:
+        connect(target, notify=_notify, replace_key=True).close()
 
 
 @task(name="forget-secrets", aliases=["forget"])

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import validators as v
+from .openssh import Hop, legs
 from .recipes import (
     MIRRORS_SCHEMA,
     Mirrors,
@@ -83,6 +84,18 @@ class Target:
     password: str | None = field(default=None, repr=False, compare=False)
     passphrase: str | None = field(default=None, repr=False, compare=False)
     keep: int | None = None  # seconds a kept connection outlives its last use (None: default)
+    # what the user's ssh configuration adds (with_ssh_config): more keys after ``key``,
+    # whether only those (IdentitiesOnly) and the agent (IdentityAgent none) are offered, the
+    # way in (the jump hosts in order, or a ProxyCommand), the algorithms it narrowed, and the
+    # name it was read for when it changed the address or the way in
+    identity_files: tuple[str, ...] = ()
+    identities_only: bool = False
+    agent: bool | str = True
+    proxy_command: str | None = None
+    route: tuple[Hop, ...] = ()
+    algorithms: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    alias: str | None = None
+    given: frozenset[str] = frozenset()  # which of user/port the inventory file itself sets
 
     @property
     def pin_name(self) -> str:
@@ -139,7 +152,7 @@ def load_inventory(path: Path, name: str | None = None, check_key: bool = False)
     return Target(name=name or path.stem, host=str(conn["host"]), port=int(conn.get("port") or 22),
                   user=str(conn.get("user") or "root"), key=conn.get("key"),
                   password_env=conn.get("password_env"), source=path, settings=data,
-                  keep=conn.get("keep"))
+                  keep=conn.get("keep"), given=frozenset(k for k in ("user", "port") if k in conn))
 
 
 def find_inventory(spec: str) -> Path | None:
@@ -213,6 +226,36 @@ def resolve_target(spec: str, user: str | None = None, port: int | None = None,
     u, h, p2 = parse_host_string(spec)
     user, port, host = u or user or "root", p2 or port or 22, host or h
     return Target(name=f"{user}@{host}:{port}", host=host, port=port, user=user, key=key)
+
+
+def with_ssh_config(target: Target, user: str | None = None, port: int | None = None,
+                    ssh_config: str | None = None) -> Target:
+    """``target`` as the user's ssh configuration completes it for its ``host`` (an alias or
+    an address), as ``ssh`` would (``openssh.legs``: ProxyJump, ProxyCommand, HostName, keys).
+
+    Precedence, one value at a time: the command line (``-H user@host:port``: ``user``,
+    ``port``; ``-i``; ``-t``) > the inventory file (``user:``, ``port:``, ``key:``) > the ssh
+    configuration (User, Port, IdentityFile, ConnectTimeout) > the built-in default (an
+    inventory's user is root, an ad-hoc host's the local user as for ssh; port 22; the
+    agent's and ~/.ssh/id_* keys; ``$GPU_PROVISION_CONNECT_TIMEOUT``). The address and the way in
+    come from the configuration alone. An ad-hoc host is named by where it leads
+    (``user@address:port``), as before.
+    """
+    u = user or (target.user if "user" in target.given else None)
+    p = port or (target.port if "port" in target.given else None)
+    hops = legs(target.host, u, p, ssh_config,
+                default_user=target.user if target.source else None)
+    last, route = hops[-1], tuple(hops[:-1])
+    changed = last.host != target.host or bool(route) or last.proxy_command is not None
+    out = replace(target, host=last.host, port=last.port, user=last.user,
+                  identity_files=tuple(k for k in last.keys if k != target.key),
+                  identities_only=last.identities_only, agent=last.agent,
+                  proxy_command=last.proxy_command, route=route, algorithms=last.algorithms,
+                  connect_timeout=target.connect_timeout or last.connect_timeout,
+                  alias=target.host if changed else None)
+    if target.source is None:
+        out = replace(out, name=f"{out.user}@{out.host}:{out.port}")
+    return out
 
 
 @dataclass(frozen=True)

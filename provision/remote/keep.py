@@ -67,9 +67,14 @@ def keep_seconds(target: Target) -> int:
 
 
 def identity(target: Target, known_hosts: Path) -> str:
+    """The whole route counts: each jump host (address, login, keys, pin) and the
+    ProxyCommand, so two ways to the same target are two keepers."""
     key = os.path.abspath(os.path.expanduser(target.key)) if target.key else None
+    route = [h if isinstance(h, dict) else h.to_json() for h in target.route]
     parts = [os.getuid(), target.user, target.host, target.port, key, target.password_env,
-             target.pin_name, str(known_hosts)]
+             target.pin_name, str(known_hosts), list(target.identity_files),
+             target.identities_only, target.agent, target.proxy_command, route,
+             [list(a) for a in target.algorithms]]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -257,7 +262,12 @@ def _launch(target: Target, ident: str, timeout: float,
                        "user": target.user, "key": target.key, "password_env": target.password_env,
                        "source": str(target.source) if target.source else None,
                        "connect_timeout": target.connect_timeout, "password": target.password,
-                       "passphrase": target.passphrase, "pin_name": target.pin_name},
+                       "passphrase": target.passphrase, "pin_name": target.pin_name,
+                       "identity_files": list(target.identity_files),
+                       "identities_only": target.identities_only, "agent": target.agent,
+                       "proxy_command": target.proxy_command, "alias": target.alias,
+                       "route": [h if isinstance(h, dict) else h.to_json() for h in target.route],
+                       "algorithms": [list(a) for a in target.algorithms]},
             "identity": ident, "timeout": timeout, "keep": keep_seconds(target),
             "known_hosts": str(known_hosts)}
     try:

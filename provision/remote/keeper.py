@@ -281,6 +281,15 @@ class Login:
     password: str | None
     passphrase: str | None
     pin_name: str
+    # what the ssh configuration added (inventory.Target has the same fields); the route's
+    # hops as JSON (connection.connect takes either)
+    identity_files: tuple[str, ...] = ()
+    identities_only: bool = False
+    agent: bool | str = True
+    proxy_command: str | None = None
+    alias: str | None = None
+    route: tuple[dict[str, Any], ...] = ()
+    algorithms: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
 
 def main() -> int:
@@ -293,7 +302,11 @@ def main() -> int:
         os._exit(0)
     spec = json.loads(sys.stdin.readline())
     source = spec["target"].pop("source")
-    target = Login(**{**spec["target"], "source": Path(source) if source else None})
+    t = spec["target"]
+    target = Login(**{**t, "source": Path(source) if source else None,
+                      "identity_files": tuple(t.get("identity_files") or ()),
+                      "route": tuple(t.get("route") or ()),
+                      "algorithms": tuple((c, m, tuple(p)) for c, m, p in t.get("algorithms") or ())})
     try:
         conn = connect(cast("Target", target), notify=lambda m: _say("notify " + m),
                        timeout=spec["timeout"], keep=False)

@@ -83,6 +83,8 @@ def why_not(target: Target, local: tuple[str, str] | None, remote_version: str) 
         return f"no rsync >= {'.'.join(map(str, LOCAL_MIN))} with ssh on this machine"
     if prompted := prompted_login(target):
         return prompted
+    if target.route or target.proxy_command:  # rsync's ssh would need the route and each pin
+        return "the host is reached through a jump host or ProxyCommand"
     version = parse_version(remote_version)
     if version is None:
         return "no rsync on the host"
@@ -121,8 +123,11 @@ def ssh_options(target: Target, ssh: str, control: str | None = None) -> Iterato
                 "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
         argv += ["-o", "ControlMaster=no", "-o", f"ControlPath={control}"] if control else \
             ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
-        if target.key:
-            argv += ["-i", os.path.expanduser(target.key), "-o", "IdentitiesOnly=yes"]
+        keys = [os.path.expanduser(target.key)] if target.key else []
+        for k in [*keys, *target.identity_files]:  # the ssh configuration's too, in order
+            argv += ["-i", k]
+        if keys or target.identity_files:
+            argv += ["-o", "IdentitiesOnly=yes"]
         yield argv
 
 

@@ -499,11 +499,17 @@ def in_host(info: HostInfo, *argv: str, check: bool = True) -> subprocess.Comple
 
 
 def start(profile_name: str, password: str | None = None, reboot_delay: float = 3,
-          **overrides: Any) -> HostInfo:
+          jump: bool = False, behind: HostInfo | None = None, **overrides: Any) -> HostInfo:
     """Start one sandbox host of ``profile_name`` (and the mirror, if not running).
 
     ``overrides`` replace profile keys for this host only (``failure="nvml_mismatch"``, say);
     ``reboot_delay`` is how long the host stays down when it reboots (seconds).
+
+    ``jump``: a bastion: reachable here, its logins (and their ProxyJump channels) in a network
+    namespace of its own (hostd.py). ``behind``: a host in that bastion's namespace, listening
+    on 127.0.0.x there: nothing reaches it but through the bastion (a connection from here is
+    refused), as a lab server behind a company's bastion. Such a host cannot reach the local
+    mirror either.
     """
     from . import mirror
     problem = why_unavailable()
@@ -528,11 +534,18 @@ def start(profile_name: str, password: str | None = None, reboot_delay: float = 
         (root / "address").write_text(ip)  # taken from here on, before sshd listens on it
         _STARTED.append(hid)
     _prepare(root, hid, profile_name, profile, ip, port, password, reboot_delay)
+    spec = json.loads((root / "host.json").read_text())
+    spec["listen"] = [ip, port]
+    if jump:
+        spec["jump"] = [ip, port]
+    (root / "host.json").write_text(json.dumps(spec, indent=1))
     log = open(root / "hostd.log", "ab")
     cgroups = [d for d, _ in json.loads((root / "host.json").read_text()).get("cgroups", [])]
     from .limited import join
     # a limited host's supervisor joins its cgroup first: the new cgroup namespace is rooted there
-    proc = subprocess.Popen(["unshare", "--mount", "--uts", "--propagation", "private",
+    # behind a bastion: in the network namespace its hostd made (there, the loopback is its own)
+    netns = ["nsenter", f"--net=/proc/{behind.pid}/ns/net"] if behind else []
+    proc = subprocess.Popen([*netns, "unshare", "--mount", "--uts", "--propagation", "private",
                              *(["--cgroup"] if cgroups else []),
                              sys.executable, str(HERE / "hostd.py"), str(root)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -546,7 +559,8 @@ def start(profile_name: str, password: str | None = None, reboot_delay: float = 
                                f"{(root / 'hostd.log').read_text()[-2000:]}")
         time.sleep(0.05)
     hostd_pid = int((root / "ready").read_text())
-    _wait_ssh(ip, port)
+    if behind is None:  # else hostd waited for it where it listens
+        _wait_ssh(ip, port)
     key = str(client_key())
     inv = root / f"{hid}.yaml"
     user = (profile.get("login") or {}).get("user", "root")

@@ -6,15 +6,23 @@ request from the ``reboot`` stand-in stops every process of the host, gives it a
 loads the driver that was installed, and starts sshd again ``reboot_delay`` seconds later
 (host.json, set by ``harness.start``).
 
+A jump host (``host.json`` ``jump``, a bastion in front of hosts no one else reaches) listens
+where it was started, then moves into a network namespace of its own (a fresh loopback, nothing
+else), where each connection gets its own ``sshd -i`` (inetd mode, as systemd's ssh.socket runs
+it): so its logins, and the ``direct-tcpip`` channels of ProxyJump, reach only the hosts started
+in that namespace (``harness.start(..., behind=bastion)``), on 127.0.0.x there.
+
 Usage: unshare --mount --uts --propagation private python3 hostd.py HOST_DIR
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +43,8 @@ class Host:
         self.lib = self.merged / "var/lib/gpu-sandbox"
         self.sshd: subprocess.Popen[bytes] | None = None
         self.stopping = False
+        self.listener: socket.socket | None = None
+        self.sessions: list[subprocess.Popen[bytes]] = []
 
     def mount(self) -> None:
         r, m = self.root, self.merged
@@ -91,7 +101,51 @@ class Host:
         for key, value in values.items():
             (cls / "dmi/id" / key).write_text(f"{value}\n")
 
+    def listen_alone(self) -> None:
+        """A jump host: bind its address here, then take a network namespace of its own."""
+        ip, port = self.spec["jump"]
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind((ip, port))
+        self.listener.listen(64)
+        self.listener.settimeout(0.1)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(0x40000000) != 0:  # CLONE_NEWNET, unshare(2)
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
+        sh("ip", "link", "set", "lo", "up")
+
+    def serve_one(self) -> None:
+        """One connection to a jump host: its own sshd in inetd mode (sshd(8) -i)."""
+        assert self.listener is not None
+        try:
+            conn, _ = self.listener.accept()
+        except TimeoutError:
+            return
+        self.sessions = [p for p in self.sessions if p.poll() is None]
+        with conn:
+            self.sessions.append(subprocess.Popen(
+                ["chroot", str(self.merged), "/usr/sbin/sshd", "-i", "-f",
+                 "/etc/gpu-sandbox/sshd_config", "-E", "/var/log/gpu-sandbox-sshd.log"],
+                stdin=conn.fileno(), stdout=conn.fileno(), stderr=subprocess.DEVNULL,
+                preexec_fn=self.limit_files))
+
+    def wait_listening(self) -> None:
+        """Until sshd answers on its address, as seen from this host's network namespace (a
+        host behind a jump host is not reachable from the harness's)."""
+        ip, port = self.spec["listen"]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((ip, port), timeout=1) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"sshd on {ip}:{port} did not come up")
+
     def start_sshd(self) -> None:
+        if self.listener is not None:
+            return  # a jump host: serve_one starts one per connection
         self.sshd = subprocess.Popen(
             ["chroot", str(self.merged), "/usr/sbin/sshd", "-D", "-f",
              "/etc/gpu-sandbox/sshd_config", "-E", "/var/log/gpu-sandbox-sshd.log"],
@@ -161,15 +215,22 @@ class Host:
             self.stopping = True
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        if self.spec.get("jump"):
+            self.listen_alone()
         self.mount()
         self.start_sshd()
+        if self.listener is None and self.spec.get("listen"):
+            self.wait_listening()
         tmp = self.root / "ready.tmp"  # renamed: a reader never sees an empty file
         tmp.write_text(str(os.getpid()))
         tmp.rename(self.root / "ready")
         while not self.stopping:
             if (self.lib / "reboot-request").exists():
                 self.reboot()
-            time.sleep(0.1)
+            if self.listener is not None:
+                self.serve_one()
+            else:
+                time.sleep(0.1)
         self.kill_all()
 
 
