@@ -56,8 +56,10 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
 
 
 # The GPU payload as it ships: the measuring scripts and, beside them, the verdict rules they import
-VALIDATE_PAYLOAD = ("validate_gpu.py", "gpu_smi.py", "gpu_verdict.py", "gpu_verdict_multi.py",
-                    "nccl_check.py")
+VALIDATE_PAYLOAD = ("validate_gpu.py", "gpu_figures.py", "gpu_smi.py", "gpu_verdict.py",
+                    "gpu_verdict_speed.py", "gpu_verdict_multi.py", "gpu_verdict_health.py",
+                    "gpu_verdict_sustained.py", "gpu_names.py", "nccl_check.py", "precision.py",
+                    "sustained.py", "xid.py")
 BENCH_PAYLOAD = (*VALIDATE_PAYLOAD, "bench_gpu.py")
 
 

@@ -1,14 +1,24 @@
 """A stand-in for torch on a machine without GPUs: the CUDA parts validate_gpu.py and
-bench_gpu.py use, behaving as CUDA does where their answers depend on it. Tensors carry no
-numbers, only what was computed from what (so a correct matmul compares equal to the CPU's);
-each device has a stream whose clock advances by the work queued on it, at the rates the host
-file gives. The host file is JSON, named by $FAKE_CUDA_HOST:
+bench_gpu.py use, behaving as CUDA and torch do where their answers depend on it. Large tensors
+carry no numbers, only what was computed from what (so a correct big matmul compares equal to
+the CPU's); small ones (at most SMALL elements) carry real numbers (numpy), so a correctness
+check compares real products and a TF32 matmul really is less exact. Each device has a stream
+whose clock advances by the work queued on it, at the rates the host file gives. The host file is
+JSON, named by $FAKE_CUDA_HOST:
   {"devices": [{"name", "uuid" (8-4-4-4-12, as torch prints it), "pci_bus", "major", "minor",
                 "total_memory", "sms", "tflops": {"fp16", "bf16", "tf32", "fp32"}, "mem_gbs",
-                "h2d_gbs", "wrong": bool}],
+                "h2d_gbs", "wrong": bool,
+                "fail": {"fp16"|"bf16"|"tf32"|"fp32"|"mem"|"h2d"|"any": "RuntimeError text"},
+                "sticky": bool (after the first failure every CUDA call on the device fails, as a
+                          sticky CUDA error does),
+                "throttle": {"after_s": GPU seconds of load with EVERY device busy, "factor":
+                             the rate it then runs at, e.g. 0.7}}],
    "arch_list": [...], "nccl": bool, "version": "2.5.1+cu124", "cuda": "12.4"}
+With $FAKE_CUDA_STATE set, each device's state is written there for the stand-in nvidia-smi
+(tests/fakecuda/bin/nvidia-smi): STATE/<uuid>.json = {"at": wall time of the last work queued,
+"throttled": bool}, so nvidia-smi answers the readings under load only while work runs.
 
-The CUDA behaviour copied, with its source:
+The behaviour copied, with its source:
 - a CUDA event is recorded on the current stream of the CURRENT device, and an event records
   only on streams of the device it was first recorded on (torch.cuda.Event.record: "Uses
   torch.cuda.current_stream() if no stream is specified. The stream's device must match the
@@ -16,9 +26,27 @@ The CUDA behaviour copied, with its source:
   elapsed_time is the stream time between two records of one device;
 - devices are numbered fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, then filtered and
   reordered by CUDA_VISIBLE_DEVICES (indices in that order, or GPU-/MIG- UUIDs), read once when
-  CUDA starts (CUDA C++ Programming Guide, "CUDA Environment Variables");
+  CUDA starts; CUDA stops at the first invalid entry (CUDA C++ Programming Guide, "CUDA
+  Environment Variables");
 - ``device="cuda"`` is the current device; a kernel runs on its tensors' device and two
-  tensors on different devices are refused.
+  tensors on different devices are refused;
+- TF32 (compute capability 8.0 and newer): an fp32 matmul on tensor cores reads only the first
+  10 bits of each input's mantissa (PyTorch, docs/source/notes/numerical_accuracy.rst and
+  cuda.rst "TensorFloat-32 (TF32) on Ampere (and later) devices"). Whether it is used, as torch
+  decides it (aten/src/ATen/Context.h/.cpp):
+  * TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (NVIDIA's PyTorch container sets it): from torch 1.12
+    (pytorch/pytorch#77114) to 1.13 it forces TF32 in cuBLAS whatever the setting says, and the
+    getter reads True after ``allow_tf32 = False`` (pytorch/pytorch#100145, torch
+    1.13.0a0+08820cb); from 2.0 (pytorch/pytorch#85859, "initialization only") it is only the
+    starting value of float32_matmul_precision ("high"), which the setters change;
+  * ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.set_float32_matmul_precision`` read and
+    write one state (pytorch/pytorch#76509: "allow_tf32 getter and matmul precision getter
+    should read the same underlying variable");
+  * torch 2.9 adds ``torch.backends.cuda.matmul.fp32_precision`` ("ieee" | "tf32" | "none");
+    the legacy getter then warns, and raises once the new API set the state (Context.cpp
+    allowTF32CuBLAS: "mix of the legacy and new APIs");
+  * NVIDIA_TF32_OVERRIDE=0 keeps cuBLAS from TF32 whatever torch asks (NVIDIA's CUDA libraries'
+    environment variable).
 """
 
 from __future__ import annotations
@@ -27,24 +55,37 @@ import contextlib
 import itertools
 import json
 import os
+import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 __version__ = "2.5.1+cu124"
 _ids = itertools.count()
+SMALL = 512 * 512  # tensors up to this many elements carry real numbers
+
+
+def _truthy(name: str) -> bool:
+    """c10::utils::check_env: 1/ON/YES/TRUE/Y (any case) is true."""
+    return os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE", "Y")
 
 
 class _DType:
-    def __init__(self, name: str, size: int) -> None:
-        self.name, self.itemsize = name, size
+    def __init__(self, name: str, size: int, np_type: Any) -> None:
+        self.name, self.itemsize, self.np = name, size, np_type
 
     def __repr__(self) -> str:
         return f"torch.{self.name}"
 
 
-float16, bfloat16, float32, float64, uint8 = (_DType("float16", 2), _DType("bfloat16", 2),
-                                              _DType("float32", 4), _DType("float64", 8),
-                                              _DType("uint8", 1))
+float16 = _DType("float16", 2, np.float16)
+bfloat16 = _DType("bfloat16", 2, np.float32)  # numpy has no bfloat16: only its timing matters
+float32 = _DType("float32", 4, np.float32)
+float64 = _DType("float64", 8, np.float64)
+uint8 = _DType("uint8", 1, np.uint8)
+bool_ = _DType("bool", 1, np.bool_)
 half, float, double = float16, float32, float64
 
 
@@ -72,12 +113,20 @@ class Generator:
         return self
 
 
+def _version_tuple(text: str) -> tuple[int, int]:
+    parts = text.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
 class _Host:
     """The GPUs of the host file, ordered and filtered as CUDA does when it starts."""
 
     def __init__(self) -> None:
         path = os.environ.get("FAKE_CUDA_HOST")
-        self.doc: dict[str, Any] = json.load(open(path)) if path else {"devices": []}
+        self.doc: dict[str, Any] = {"devices": []}
+        if path:
+            with open(path) as f:
+                self.doc = json.load(f)
         devs = list(self.doc.get("devices") or [])
         if os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
             devs.sort(key=lambda d: d.get("pci_bus", ""))
@@ -99,24 +148,66 @@ class _Host:
             devs = chosen
         self.devices = devs
         self.clock = [0.0] * len(devs)  # ms of work queued on each device's stream
+        self.last_wall = [0.0] * len(devs)  # when work was last queued on each device
+        self.together_ms = [0.0] * len(devs)  # ms run while every device was busy
+        self.written = [0.0] * len(devs)
+        self.broken: list[str | None] = [None] * len(devs)  # a sticky error, once raised
         self.current = 0
+        self.state = os.environ.get("FAKE_CUDA_STATE")
+
+    def throttled(self, i: int) -> bool:
+        t = self.devices[i].get("throttle")
+        return bool(t) and self.together_ms[i] >= float(t["after_s"]) * 1000
+
+    def run(self, i: int, ms_at_full_rate: float, kind: str) -> None:
+        """Queue work on device ``i``: its failures, its clock, its state for nvidia-smi."""
+        d = self.devices[i]
+        if self.broken[i]:
+            raise RuntimeError(self.broken[i])
+        fail = (d.get("fail") or {}).get(kind) or (d.get("fail") or {}).get("any")
+        if fail:
+            if d.get("sticky"):
+                self.broken[i] = fail
+            raise RuntimeError(fail)
+        now = time.time()
+        factor = float(d["throttle"]["factor"]) if self.throttled(i) else 1.0
+        ms = ms_at_full_rate / factor
+        self.last_wall[i] = now
+        if len(self.devices) > 1 and all(now - t < 0.5 for t in self.last_wall):
+            self.together_ms[i] += ms
+        self.clock[i] += ms
+        if self.state and now - self.written[i] > 0.05:
+            self.written[i] = now
+            path = os.path.join(self.state, f"{d['uuid']}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump({"at": now, "throttled": self.throttled(i)}, f)
+            os.replace(path + ".tmp", path)
 
 
 _host: _Host | None = None
 
 
 def _h() -> _Host:
-    global _host
+    global _host, __version__
     if _host is None:
         _host = _Host()
         version.cuda = _host.doc.get("cuda", "12.4")
+        __version__ = _host.doc.get("version", __version__)
+        backends.cuda.matmul._start()
     return _host
+
+
+def _tf32_round(x: np.ndarray) -> np.ndarray:
+    """fp32 -> the 10-bit mantissa TF32 reads (round to nearest, ties away), back as fp32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
 class Tensor:
     def __init__(self, shape: tuple[int, ...], dtype: _DType, dev: int | None, expr: Any,
-                 pinned: bool = False) -> None:
+                 pinned: bool = False, value: np.ndarray | None = None) -> None:
         self.shape, self.dtype, self.dev, self.expr, self.pinned = shape, dtype, dev, expr, pinned
+        self.value = value
 
     @property
     def device(self) -> device:
@@ -128,49 +219,108 @@ class Tensor:
             n *= s
         return n
 
+    def _same(self, value: np.ndarray, expr: Any, dtype: _DType | None = None) -> Tensor:
+        return Tensor(tuple(value.shape), dtype or self.dtype, self.dev, expr, value=value)
+
     def __matmul__(self, other: Tensor) -> Tensor:
         if self.dev != other.dev:
             raise RuntimeError("Expected all tensors to be on the same device, but found at least "
                                f"two devices, {self.device} and {other.device}!")
         n, k, m = self.shape[0], self.shape[1], other.shape[1]
         expr: Any = ("mm", self.expr, other.expr)
+        tf32 = False
         if self.dev is not None:
             d = _h().devices[self.dev]
-            kind = {"float16": "fp16", "bfloat16": "bf16"}.get(self.dtype.name, "fp32")
-            if kind == "fp32" and backends.cuda.matmul.allow_tf32 and d.get("major", 0) >= 8:
-                kind = "tf32"
-            rate = (d.get("tflops") or {}).get(kind)
+            kind = {"float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}.get(self.dtype.name, "fp32")
+            if kind == "fp32" and backends.cuda.matmul._tf32_in_cublas() and d.get("major", 0) >= 8:
+                kind, tf32 = "tf32", True
+            rate = (d.get("tflops") or {}).get(kind) or ((d.get("tflops") or {}).get("fp32", 0) / 32
+                                                         if kind == "fp64" else None)
             if not rate:
                 raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
-            _h().clock[self.dev] += 2 * n * k * m / (rate * 1e12) * 1000
+            _h().run(self.dev, 2 * n * k * m / (rate * 1e12) * 1000, kind)
             if d.get("wrong"):
                 expr = ("garbage", next(_ids))
-        return Tensor((n, m), self.dtype, self.dev, expr)
+        value = None
+        if self.value is not None and other.value is not None:
+            a, b = self.value, other.value
+            if tf32:
+                a, b = _tf32_round(a), _tf32_round(b)
+            value = np.matmul(a, b).astype(self.dtype.np)
+            if self.dev is not None and _h().devices[self.dev].get("wrong"):
+                value = np.random.default_rng(next(_ids)).standard_normal(value.shape).astype(value.dtype)
+        return Tensor((n, m), self.dtype, self.dev, expr, value=value)
+
+    # elementwise arithmetic on small tensors (the correctness check's error bound)
+    def _other(self, other: Any) -> Any:
+        return other.value if isinstance(other, Tensor) else other
+
+    def __sub__(self, other: Any) -> Tensor:
+        assert self.value is not None
+        return self._same(self.value - self._other(other), ("sub", self.expr, getattr(other, "expr", other)))
+
+    def __mul__(self, other: Any) -> Tensor:
+        assert self.value is not None
+        return self._same(self.value * self._other(other), ("mul", self.expr, getattr(other, "expr", other)))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other: Any) -> Tensor:
+        assert self.value is not None
+        return self._same(self.value / self._other(other), ("div", self.expr, getattr(other, "expr", other)))
+
+    def __le__(self, other: Any) -> Tensor:  # type: ignore[override]
+        assert self.value is not None
+        return self._same(self.value <= self._other(other), ("le", self.expr), bool_)
+
+    def abs(self) -> Tensor:
+        assert self.value is not None
+        return self._same(np.abs(self.value), ("abs", self.expr))
+
+    def all(self) -> Tensor:
+        assert self.value is not None
+        return self._same(np.array(bool(np.all(self.value))), ("all", self.expr), bool_)
+
+    def max(self) -> Tensor:
+        assert self.value is not None
+        return self._same(np.array(np.max(self.value)), ("max", self.expr))
+
+    def item(self) -> Any:
+        assert self.value is not None
+        return self.value.item()
 
     def to(self, dev: Any) -> Tensor:
-        return Tensor(self.shape, self.dtype, _index(dev), self.expr)
+        i = _index(dev)
+        if i is not None:
+            _h().run(i, 0.0, "any")
+        return Tensor(self.shape, self.dtype, i, self.expr,
+                      value=None if self.value is None else self.value.copy())
 
     def cpu(self) -> Tensor:
-        return Tensor(self.shape, self.dtype, None, self.expr)
+        return Tensor(self.shape, self.dtype, None, self.expr, value=self.value)
+
+    def _cast(self, dtype: _DType) -> Tensor:
+        return Tensor(self.shape, dtype, self.dev, self.expr,
+                      value=None if self.value is None else self.value.astype(dtype.np))
 
     def double(self) -> Tensor:
-        return Tensor(self.shape, float64, self.dev, self.expr)
+        return self._cast(float64)
 
     def float(self) -> Tensor:
-        return Tensor(self.shape, float32, self.dev, self.expr)
+        return self._cast(float32)
 
     def pin_memory(self) -> Tensor:
-        return Tensor(self.shape, self.dtype, None, self.expr, pinned=True)
+        return Tensor(self.shape, self.dtype, None, self.expr, pinned=True, value=self.value)
 
     def copy_(self, src: Tensor, non_blocking: bool = False) -> Tensor:
         size = src.numel() * src.dtype.itemsize
         if self.dev is not None:
             d = _h().devices[self.dev]
             if src.dev == self.dev:  # device to device: every byte read and written
-                _h().clock[self.dev] += 2 * size / (d["mem_gbs"] * 1e9) * 1000
+                _h().run(self.dev, 2 * size / (d["mem_gbs"] * 1e9) * 1000, "mem")
             elif src.dev is None:
-                _h().clock[self.dev] += size / (d["h2d_gbs"] * (1 if src.pinned else 0.5) * 1e9) * 1000
-        self.expr = src.expr
+                _h().run(self.dev, size / (d["h2d_gbs"] * (1 if src.pinned else 0.5) * 1e9) * 1000, "h2d")
+        self.expr, self.value = src.expr, src.value
         return self
 
 
@@ -193,7 +343,15 @@ def _shape(size: Any) -> tuple[int, ...]:
 def randn(*size: Any, device: Any = None, dtype: _DType | None = None,
           generator: Generator | None = None) -> Tensor:
     seed = generator.seed if generator is not None else next(_ids)
-    return Tensor(_shape(size), dtype or float32, _index(device), ("randn", seed, _shape(size)))
+    shape, dt = _shape(size), dtype or float32
+    n = 1
+    for s in shape:
+        n *= s
+    value = np.random.default_rng(seed).standard_normal(shape).astype(dt.np) if n <= SMALL else None
+    i = _index(device)
+    if i is not None:
+        _h().run(i, 0.0, "any")
+    return Tensor(shape, dt, i, ("randn", seed, shape), value=value)
 
 
 def empty(*size: Any, dtype: _DType | None = None, device: Any = None) -> Tensor:
@@ -205,6 +363,8 @@ def empty_like(t: Tensor, device: Any = None) -> Tensor:
 
 
 def allclose(a: Tensor, b: Tensor, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
+    if a.value is not None and b.value is not None:
+        return bool(np.allclose(a.value.astype(np.float64), b.value.astype(np.float64), rtol=rtol, atol=atol))
     return bool(a.expr == b.expr)
 
 
@@ -217,11 +377,16 @@ class _Event:
         cur = _h().current
         if self.dev is not None and self.dev != cur:
             raise RuntimeError(f"Event device {self.dev} does not match recording stream's device {cur}.")
+        if _h().broken[cur]:
+            raise RuntimeError(_h().broken[cur])
         self.dev, self.at = cur, _h().clock[cur]
 
     def synchronize(self) -> None:
         if self.at is None:
             return
+
+    def query(self) -> bool:
+        return True
 
     def elapsed_time(self, end: _Event) -> float:
         if self.at is None or end.at is None:
@@ -283,7 +448,8 @@ class _Cuda:
         return None
 
     def empty_cache(self) -> None:
-        return None
+        if _h().broken[_h().current]:  # a sticky error fails every later call
+            raise RuntimeError(_h().broken[_h().current])
 
     def mem_get_info(self, dev: Any = None) -> tuple[int, int]:
         total = int(self._dev(None)["total_memory"])
@@ -297,7 +463,77 @@ cuda = _Cuda()
 
 
 class _Matmul:
-    allow_tf32 = False
+    """torch.backends.cuda.matmul, as the torch version of the host file behaves (docstring)."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_precision", "highest")
+        object.__setattr__(self, "_new_api", None)  # fp32_precision as set through the new API
+        object.__setattr__(self, "allow_fp16_reduced_precision_reduction", True)
+        object.__setattr__(self, "allow_bf16_reduced_precision_reduction", True)
+
+    def _start(self) -> None:
+        if _truthy("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") and _version_tuple(__version__) >= (2, 0):
+            object.__setattr__(self, "_precision", "high")  # initialization only
+
+    def _forced(self) -> bool:
+        """torch 1.12-1.13: the environment variable wins over every setting."""
+        return _truthy("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") and _version_tuple(__version__) < (2, 0)
+
+    def _tf32_in_cublas(self) -> bool:
+        _h()
+        if os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+            return False
+        if self._forced():
+            return True
+        if self._new_api is not None:
+            return bool(self._new_api == "tf32")
+        return bool(self._precision != "highest")
+
+    def __getattr__(self, name: str) -> Any:
+        _h()
+        if name == "allow_tf32":
+            if _version_tuple(__version__) >= (2, 9):
+                warnings.warn("Please use the new API settings to control TF32 behavior, such as "
+                              "torch.backends.cuda.matmul.fp32_precision = 'ieee'", UserWarning, stacklevel=2)
+                if self._new_api is not None:
+                    raise RuntimeError("PyTorch is checking whether allow_tf32 is enabled for cuBlas "
+                                       "matmul,Current status indicate that you have used mix of the "
+                                       "legacy and new APIs to set the TF32 status for cublas matmul.")
+            return self._forced() or self._precision != "highest"
+        if name == "fp32_precision" and _version_tuple(__version__) >= (2, 9):
+            return self._new_api or "none"
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _h()
+        if name == "allow_tf32":
+            object.__setattr__(self, "_precision", "high" if value else "highest")
+            object.__setattr__(self, "_new_api", None)
+        elif name == "fp32_precision" and _version_tuple(__version__) >= (2, 9):
+            if value not in ("ieee", "tf32", "none"):
+                raise RuntimeError(f"Invalid precision {value}")
+            object.__setattr__(self, "_new_api", None if value == "none" else value)
+        elif name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+            object.__setattr__(self, name, bool(value))
+        else:
+            raise AttributeError(name)
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    if precision not in ("highest", "high", "medium"):
+        raise RuntimeError(f"Invalid precision {precision}")
+    object.__setattr__(backends.cuda.matmul, "_precision", precision)
+    object.__setattr__(backends.cuda.matmul, "_new_api", None)
+
+
+def get_float32_matmul_precision() -> str:
+    _h()
+    return str(backends.cuda.matmul._precision)
+
+
+class _Cudnn:
+    allow_tf32 = True
+    enabled = True
 
 
 class _BackendsCuda:
@@ -306,6 +542,7 @@ class _BackendsCuda:
 
 class backends:  # noqa: N801
     cuda = _BackendsCuda()
+    cudnn = _Cudnn()
 
 
 class distributed:  # noqa: N801
