@@ -16,6 +16,7 @@ from ..config.minimums import KEYS as MINIMUM_KEYS
 from ..config.minimums import Resources
 from ..config.minimums import judge as judge_minimums
 from ..config.shipped import data_file, templates_dir
+from ..config.validators import split_gpu_claim
 from ..facts.host import Disk, HostFacts
 from ..remote.templating import render
 from ..wheels.rule import TorchChoice
@@ -202,12 +203,12 @@ def validation_config(facts: HostFacts, settings: Settings) -> dict[str, Any]:
 
 
 def parse_gpu_claim(claim: str | None) -> dict[str, Any] | None:
-    """``RTX 4090 x2`` -> {"model": "RTX 4090", "count": 2}; no ``xN`` means one."""
+    """``RTX 4090 x2`` or ``2x RTX 4090`` -> {"model": "RTX 4090", "count": 2}; no count means
+    one (the inventory's validator has checked the shape)."""
     if not claim:
         return None
-    m = re.fullmatch(r"\s*(.*?\S)(?:\s*[x×]\s*(\d+))?\s*", claim)
-    assert m is not None  # the inventory's validator has checked the shape
-    return {"model": m.group(1), "count": int(m.group(2) or 1)}
+    model, count = split_gpu_claim(claim)
+    return {"model": model, "count": count or 1}
 
 
 @cache

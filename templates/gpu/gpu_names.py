@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-DROP = {"nvidia", "geforce", "tesla", "quadro", "rtx", "generation", "gpu", "gpus", "hbm3", "hbm3e",
+DROP = {"nvidia", "geforce", "tesla", "quadro", "q", "rtx", "generation", "gpu", "gpus", "hbm3", "hbm3e",
         "hbm2", "hbm2e", "gddr6", "gddr6x", "gddr7", "oam", "ac", "cc"}
 SUFFIXES = {"s": "super", "ti": "ti", "super": "super", "d": "d", "ada": "ada"}
 # families whose nvidia-smi name carries no form factor for the SXM board: "NVIDIA H100 80GB
@@ -31,8 +31,8 @@ COUNT = re.compile(r"^(?:(\d+)x|x(\d+))$")
 
 
 def _tokens(text: str) -> list[str]:
-    text = text.lower().replace("×", "x")
-    text = re.sub(r"(\d)\s+(gb|gib|g)\b", r"\1\2", text)  # "80 GB" -> "80gb"
+    text = text.lower().replace("×", "x").replace("_", " ")
+    text = re.sub(r"(\d)[\s-]+(gb|gib|g)\b", r"\1\2", text)  # "80 GB", "80-GB" -> "80gb"
     text = re.sub(r"\b(\d+)\s*x\s+", r"\1x ", text)  # "8 x H100" -> "8x H100"
     text = re.sub(r"\bx\s+(\d+)\b", r"x\1", text)  # "H100 x 8" -> "H100 x8"
     words = [w for w in re.split(r"[\s_\-(),/]+", text) if w]
