@@ -11,8 +11,12 @@ JSON, named by $FAKE_CUDA_HOST:
                 "fail": {"fp16"|"bf16"|"tf32"|"fp32"|"mem"|"h2d"|"any": "RuntimeError text"},
                 "sticky": bool (after the first failure every CUDA call on the device fails, as a
                           sticky CUDA error does),
+                "fail_min_mib": the failures above only where the work touches at least this
+                                many MiB (an out-of-memory error hits the large matrices only),
                 "throttle": {"after_s": GPU seconds of load with EVERY device busy, "factor":
                              the rate it then runs at, e.g. 0.7}}],
+   (every device is busy when, between two event records on a device, work was queued on all
+   the others: what a loop that launches on each GPU in turn does, and one GPU at a time never)
    "arch_list": [...], "nccl": bool, "version": "2.5.1+cu124", "cuda": "12.4"}
 With $FAKE_CUDA_STATE set, each device's state is written there for the stand-in nvidia-smi
 (tests/fakecuda/bin/nvidia-smi): STATE/<uuid>.json = {"at": wall time of the last work queued,
@@ -51,6 +55,7 @@ The behaviour copied, with its source:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import itertools
 import json
@@ -150,6 +155,8 @@ class _Host:
         self.clock = [0.0] * len(devs)  # ms of work queued on each device's stream
         self.last_wall = [0.0] * len(devs)  # when work was last queued on each device
         self.together_ms = [0.0] * len(devs)  # ms run while every device was busy
+        self.since: list[set[int]] = [set() for _ in devs]  # devices with work since i's last record
+        self.together = [False] * len(devs)
         self.written = [0.0] * len(devs)
         self.broken: list[str | None] = [None] * len(devs)  # a sticky error, once raised
         self.current = 0
@@ -157,23 +164,25 @@ class _Host:
 
     def throttled(self, i: int) -> bool:
         t = self.devices[i].get("throttle")
-        return bool(t) and self.together_ms[i] >= float(t["after_s"]) * 1000
+        return bool(t) and self.together_ms[i] >= builtins.float(t["after_s"]) * 1000
 
-    def run(self, i: int, ms_at_full_rate: float, kind: str) -> None:
+    def run(self, i: int, ms_at_full_rate: float, kind: str, mib: float = 0.0) -> None:
         """Queue work on device ``i``: its failures, its clock, its state for nvidia-smi."""
         d = self.devices[i]
         if self.broken[i]:
             raise RuntimeError(self.broken[i])
         fail = (d.get("fail") or {}).get(kind) or (d.get("fail") or {}).get("any")
-        if fail:
+        if fail and mib >= builtins.float(d.get("fail_min_mib") or 0):
             if d.get("sticky"):
                 self.broken[i] = fail
             raise RuntimeError(fail)
         now = time.time()
-        factor = float(d["throttle"]["factor"]) if self.throttled(i) else 1.0
+        factor = builtins.float(d["throttle"]["factor"]) if self.throttled(i) else 1.0
         ms = ms_at_full_rate / factor
         self.last_wall[i] = now
-        if len(self.devices) > 1 and all(now - t < 0.5 for t in self.last_wall):
+        for seen in self.since:
+            seen.add(i)
+        if self.together[i]:
             self.together_ms[i] += ms
         self.clock[i] += ms
         if self.state and now - self.written[i] > 0.05:
@@ -238,7 +247,8 @@ class Tensor:
                                                          if kind == "fp64" else None)
             if not rate:
                 raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
-            _h().run(self.dev, 2 * n * k * m / (rate * 1e12) * 1000, kind)
+            _h().run(self.dev, 2 * n * k * m / (rate * 1e12) * 1000, kind,
+                     (n * k + k * m + n * m) * self.dtype.itemsize / 2 ** 20)
             if d.get("wrong"):
                 expr = ("garbage", next(_ids))
         value = None
@@ -317,9 +327,10 @@ class Tensor:
         if self.dev is not None:
             d = _h().devices[self.dev]
             if src.dev == self.dev:  # device to device: every byte read and written
-                _h().run(self.dev, 2 * size / (d["mem_gbs"] * 1e9) * 1000, "mem")
+                _h().run(self.dev, 2 * size / (d["mem_gbs"] * 1e9) * 1000, "mem", 2 * size / 2 ** 20)
             elif src.dev is None:
-                _h().run(self.dev, size / (d["h2d_gbs"] * (1 if src.pinned else 0.5) * 1e9) * 1000, "h2d")
+                _h().run(self.dev, size / (d["h2d_gbs"] * (1 if src.pinned else 0.5) * 1e9) * 1000, "h2d",
+                         size / 2 ** 20)
         self.expr, self.value = src.expr, src.value
         return self
 
@@ -377,9 +388,13 @@ class _Event:
         cur = _h().current
         if self.dev is not None and self.dev != cur:
             raise RuntimeError(f"Event device {self.dev} does not match recording stream's device {cur}.")
-        if _h().broken[cur]:
-            raise RuntimeError(_h().broken[cur])
-        self.dev, self.at = cur, _h().clock[cur]
+        host = _h()
+        if host.broken[cur]:
+            raise RuntimeError(host.broken[cur])
+        others = set(range(len(host.devices))) - {cur}
+        host.together[cur] = bool(others) and others <= host.since[cur]
+        host.since[cur] = set()
+        self.dev, self.at = cur, host.clock[cur]
 
     def synchronize(self) -> None:
         if self.at is None:
