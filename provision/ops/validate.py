@@ -51,6 +51,9 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
         if expected else "CPU mode: torch imports, the CPU build, a matmul on the CPU" \
         if not facts.has_nvidia_gpu else \
         "the GPUs nvidia-smi sees once the driver answers: torch imports, sees every GPU, matmul"
+    held = settings.validation.get("sustained_s")
+    if held and expected:
+        what += f"; then every GPU at once for {held:g} s, each against its siblings"
     need = minimums_of(settings)
     return Step("validate", what, action="run validate_gpu.py", body=body, inputs=h,
                 read=lambda result: read_validation(result, need))

@@ -224,3 +224,29 @@ def test_the_sustained_load_names_the_card_that_brakes_when_all_draw_together(tm
     assert len(s["gpus"][2]["samples"]) >= 3  # read during the load, not once at its end
     assert "clocks held by" in hot["reason"] and "SM clock 1230-1980/1980 MHz" in hot["reason"]
     assert out["verdict"] == "WARN"
+
+
+def test_validate_sustained_takes_seconds_or_the_default(cpu_host: Any) -> None:
+    from dataclasses import replace
+
+    from provision.cli.tasks_host import sustained_seconds
+    from provision.config.inventory import Target, merge_settings
+    from provision.config.recipes import load_platform, load_recipe
+    from provision.errors import UsageError
+    from provision.facts.nvidia import Gpu
+    from provision.ops.layout import Layout
+    from provision.ops.validate import validate_step
+    assert sustained_seconds(None) is None and sustained_seconds(True) == 60.0
+    assert sustained_seconds("120") == 120.0
+    for bad in ("0", "a minute", "99999"):
+        with pytest.raises(UsageError, match=r"--sustained: .* is not a number of seconds from 5 to 3600"):
+            sustained_seconds(bad)
+    settings = merge_settings(Target(name="box", host="h"), load_platform("generic-vm"), load_recipe("pytorch"))
+    facts = replace(cpu_host, gpus=(Gpu(0, H100, compute_cap="9.0"), Gpu(1, H100, compute_cap="9.0")))
+    lay = Layout("/root/miniconda3", "torch", False)
+    plain = validate_step(facts, lay, settings)
+    held = validate_step(facts, lay, replace(settings, validation={**settings.validation,
+                                                                   "sustained_s": 90.0}))
+    assert '"sustained_s": 90.0' in held.body and '"sustained_s":' not in plain.body
+    assert held.inputs != plain.inputs  # a sustained run is not skipped as an earlier plain PASS
+    assert held.reason.endswith("; then every GPU at once for 90 s, each against its siblings")
