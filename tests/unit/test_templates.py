@@ -106,6 +106,8 @@ def test_every_template_is_covered() -> None:
                        "gpu/sustained.py", "gpu/xid.py",
                        # the GPUs' health through a job: tests/unit/test_job_health.py
                        "jobs/_health.sh.j2", "jobs/job_health.sh.j2",
+                       # report: tests/unit/test_report.py
+                       "gpu/report.sh.j2",
                        "setup/_pkg_wait.sh.j2", "setup/_el_repos.sh.j2", "setup/_debian_components.sh.j2",
                        # jobs (rendered and run in tests/unit/test_jobs_scripts.py)
                        "jobs/follow.sh.j2", "jobs/_jobs.sh.j2", "jobs/job_launch.sh.j2", "jobs/job_wrapper.sh.j2",
