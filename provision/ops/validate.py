@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
+import zlib
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -71,18 +73,25 @@ def payload(names: tuple[str, ...]) -> list[tuple[str, str]]:
     return [(name, (templates_dir() / "gpu" / name).read_text()) for name in names]
 
 
+def packed(names: tuple[str, ...]) -> str:
+    """The payload as templates/gpu/_payload.sh.j2 unpacks it: a JSON of name -> text, zlib,
+    base64 in lines of 76 (a step's script is one `bash -c` argument, at most 128 KiB)."""
+    raw = zlib.compress(json.dumps(dict(payload(names)), sort_keys=True).encode(), 9)
+    return base64.encodebytes(raw).decode().strip()
+
+
 def validate_body(python_bin: str, config: Mapping[str, Any], expect: Mapping[str, Any],
                   inputs: str, login: str = "") -> str:
     """The validate step's script: writes the payload, runs validate_gpu.py with ``config``;
     ``login``: the block that gives login shells the env (ops/login.py), none elsewhere."""
-    return render("setup/validate.sh.j2", python_bin=python_bin, payload=payload(VALIDATE_PAYLOAD),
+    return render("setup/validate.sh.j2", python_bin=python_bin, packed=packed(VALIDATE_PAYLOAD),
                   config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
                   inputs=inputs, login=login)
 
 
 def bench_body(python_bin: str, config: Mapping[str, Any]) -> str:
     """The bench step's script: writes the payload, runs bench_gpu.py with ``config``."""
-    return render("gpu/bench.sh.j2", python_bin=python_bin, payload=payload(BENCH_PAYLOAD),
+    return render("gpu/bench.sh.j2", python_bin=python_bin, packed=packed(BENCH_PAYLOAD),
                   config=json.dumps(config, sort_keys=True))
 
 

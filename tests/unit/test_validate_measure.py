@@ -186,3 +186,16 @@ def test_the_validate_step_writes_its_payload_and_runs_it(tmp_path: Path) -> Non
     assert json.loads(r.stdout.splitlines()[-1]) == report  # the step's log shows it too
     journal = json.loads((tmp_path / ".gpu-provision" / "steps" / "verdict.json").read_text())
     assert journal["inputs"] == "inputs-hash" and journal["result"] == report["verdict"]
+
+
+def test_the_validate_and_bench_steps_fit_one_bash_argument() -> None:
+    """A step's script reaches the host as ONE argument of `bash -c`, which Linux caps at 128 KiB
+    (MAX_ARG_STRLEN): the payload travels packed, and the whole script stays well under it."""
+    import sys
+
+    from provision.ops.validate import bench_body, validate_body
+    from provision.remote.runtime import detached_script
+    for name, body in (("validate", validate_body(sys.executable, _config(8), {"gpus": [H100] * 8}, "h")),
+                       ("bench", bench_body(sys.executable, {"data_dir": None, "mirrors": []}))):
+        script = detached_script(name, body, inputs="h", run="r")
+        assert len(script.encode()) < 96 * 1024, (name, len(script.encode()))
