@@ -130,6 +130,8 @@ def judge_caps(m: dict[str, Any], check: Check) -> None:
             warn[-1] += (f": the host lowered it (nvidia-smi -pl); under load the clocks drop until the "
                          f"draw fits, {1 - enforced / default:.0%} less power than the card is made for, "
                          "and only root on the host can raise it")
+        elif enforced and default and enforced > default:
+            said.append(f"{gpu}: power limit raised to {enforced:g} W above its default {default:g} W")
         app, app_default = _num(r.get("clocks.applications.graphics")), \
             _num(r.get("clocks.default_applications.graphics"))
         if app and app_default and app < app_default:
@@ -146,10 +148,12 @@ def judge_caps(m: dict[str, Any], check: Check) -> None:
     if persist:
         said.append(f"persistence mode off on GPU {', '.join(persist)}: every new CUDA process and "
                     "nvidia-smi call waits 1-3 s while the driver initialises the GPU")
-    powers = sorted({f"{_num(r.get('enforced.power.limit')) or _num(r.get('power.limit')):g} W"
-                     for r in caps if _num(r.get("enforced.power.limit")) or _num(r.get("power.limit"))})
-    if not warn and not fail and powers:
-        said.insert(0, f"power limit {', '.join(powers)}, the default")
+    at_default = sorted({f"{_num(r.get('power.default_limit')):g} W" for r in caps
+                         if _num(r.get("power.default_limit")) and (_num(r.get("enforced.power.limit"))
+                                                                    or _num(r.get("power.limit")))
+                         == _num(r.get("power.default_limit"))})
+    if not warn and not fail and at_default:
+        said.insert(0, f"power limit at its default ({', '.join(at_default)})")
     tail = "; ".join(said)
     if fail:
         check("gpu caps", "fail", "; ".join(fail + warn) + (f"; {tail}" if tail else ""))

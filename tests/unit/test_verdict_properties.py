@@ -126,3 +126,26 @@ def test_a_gpu_without_a_sustained_rate_is_not_measured() -> None:
     checks = _held(m)
     assert checks["gpu 1 sustained"]["status"] == "fail"
     assert "not measured" in checks["gpu 1 sustained"]["reason"]
+
+
+def test_caps_each_named_with_its_cost() -> None:
+    caps = payload("gpu_verdict_health")
+    rows = [{"index": "0", "enforced.power.limit": "700.00", "power.default_limit": "700.00",
+             "power.max_limit": "700.00", "persistence_mode": "Enabled", "compute_mode": "Default",
+             "clocks.applications.graphics": "[Requested functionality has been deprecated]"},
+            {"index": "1", "enforced.power.limit": "450.00", "power.default_limit": "400.00",
+             "power.max_limit": "450.00", "persistence_mode": "Disabled", "compute_mode": "Default",
+             "clocks.applications.graphics": "1410", "clocks.default_applications.graphics": "1755"},
+            {"index": "2", "enforced.power.limit": "700.00", "power.default_limit": "700.00",
+             "persistence_mode": "Enabled", "compute_mode": "Prohibited"}]
+    said: list[tuple[str, str, str]] = []
+    caps.judge_caps({"smi": {"caps": rows[:1]}}, lambda *a, **k: said.append(a))
+    assert said[-1] == ("gpu caps", "pass", "power limit at its default (700 W)")
+    caps.judge_caps({"smi": {"caps": rows[:2]}}, lambda *a, **k: said.append(a))
+    assert said[-1][1] == "warn" and said[-1][2].startswith(
+        "GPU 1: application clocks set to 1410 MHz of the default 1755 MHz: kernels run no faster than "
+        "that (nvidia-smi -rac, root, resets them); GPU 1: power limit raised to 450 W above its default "
+        "400 W; persistence mode off on GPU 1")
+    caps.judge_caps({"smi": {"caps": rows}}, lambda *a, **k: said.append(a))
+    assert said[-1][1] == "fail" and said[-1][2].startswith("GPU 2: compute mode Prohibited: no process "
+                                                            "may use this GPU")
