@@ -179,6 +179,8 @@ def _measure(torch: Any, out: dict[str, Any], name: str, measure_fn: Any) -> Non
             out["notes"].append(f"{name}: {got['error']}")
             out["unmeasured"][name] = got["error"]
         if proc is not None:
+            if not answered:  # it would answer for an idle GPU now: not a reading of the load
+                proc.kill()
             out["under_load"] = {**under_load(proc, load_fields_of(proc)), "during": name,
                                  "answered_under_load": answered}
     except Exception as exc:  # one type failing ("no kernel image") is a note
@@ -210,6 +212,8 @@ def _bandwidth(torch: Any, out: dict[str, Any], name: str, measure_fn: Any) -> f
         _empty_cache(torch, out)
     proc, answered = got.pop("read", (None, False))
     if proc is not None:  # the link under the copy it judges: PCIe drops to gen 1 at idle
+        if not answered:
+            proc.kill()
         read = under_load(proc, load_fields_of(proc))
         out["link"] = {**{k: v for k, v in read.items() if k.startswith("pcie.")},
                        "answered_under_load": answered} if read else {}
