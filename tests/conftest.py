@@ -74,6 +74,8 @@ HEAVIEST_FIRST = (
     # from the mirror as an image or a login put it; 297 s on a first run beside other work)
     "sandbox/test_image_pythons.py",  # 190 s (three fresh hosts, each with a torch from the
     # mirror put where an image's build puts it)
+    "unit/test_validate_truth.py",  # 160-200 s (the payload on four-GPU stand-in hosts, a
+    # sustained load, a slow nvidia-smi)
     "sandbox/test_limited_host.py",  # 132 s (the bench on 1.5 cores)
     "sandbox/test_jobs.py",  # 124 s
     "sandbox/test_hands.py",  # 124 s

@@ -110,6 +110,24 @@ def set_fp32(torch: Any, tf32: bool) -> None:
         m.allow_tf32 = tf32
 
 
+def set_conv(torch: Any, tf32: bool) -> None:
+    """fp32 convolutions (cuDNN) in TF32 or IEEE: ``torch.backends.cudnn.conv.fp32_precision``
+    from 2.9, else ``torch.backends.cudnn.allow_tf32`` (torch's default: TF32 allowed)."""
+    cudnn = getattr(torch.backends, "cudnn", None)
+    if cudnn is None:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        conv = getattr(cudnn, "conv", None)
+        try:
+            if conv is not None and hasattr(conv, "fp32_precision"):
+                conv.fp32_precision = "tf32" if tf32 else "ieee"
+            else:
+                cudnn.allow_tf32 = tf32
+        except Exception:  # noqa: BLE001 - a torch without the switch runs its default
+            pass
+
+
 def set_reduced(torch: Any, allowed: bool = True) -> None:
     """fp16/bf16 split-K reductions (torch's default: allowed)."""
     m = _matmul(torch)
