@@ -56,6 +56,8 @@ class GpuHealth:
     remap_uncorrectable: float | None = None
     power_limit: float | None = None
     power_default: float | None = None
+    # microseconds each clock-event reason has held the clocks down since the driver loaded
+    held_us: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,14 @@ class Snapshot:
             return time.strftime("%H:%M", time.localtime(self.t - self.uptime + float(up)))
         m = re.search(r"\b(\d\d:\d\d):\d\d\b", str(event.get("stamp") or ""))
         return m.group(1) if m else ""
+
+
+# the clock-event reasons, as NVML names what each means (nvmlClocksEventReasons)
+HELD = {"sw_power_cap": "clocks held at the power limit (sw_power_cap)",
+        "sw_thermal_slowdown": "thermal slowdown by the driver (sw_thermal_slowdown)",
+        "hw_thermal_slowdown": "hardware thermal slowdown (hw_thermal_slowdown)",
+        "hw_power_brake_slowdown": "hardware power brake, the power supply's signal "
+                                   "(hw_power_brake_slowdown)"}
 
 
 def parse_snapshot(text: str | None) -> Snapshot | None:
@@ -103,7 +113,10 @@ def parse_snapshot(text: str | None) -> Snapshot | None:
                               remap_failure=yes("remapped_rows.failure"),
                               remap_uncorrectable=_num(r.get("remapped_rows.uncorrectable")),
                               power_limit=_num(r.get("enforced.power.limit")),
-                              power_default=_num(r.get("power.default_limit"))))
+                              power_default=_num(r.get("power.default_limit")),
+                              held_us=tuple((k.rsplit(".", 1)[1], v) for k in r
+                                            if k.startswith("clocks_event_reasons_counters.")
+                                            and (v := _num(r[k])) is not None)))
     rules = xid_rules()
     mine, others = rules.scoped(rules.parse(_text(doc.get("xid"))), {g.bus: g.index for g in gpus})
     return Snapshot(t=float(doc.get("t") or 0), uptime=_num(doc.get("uptime")) or 0.0, gpus=tuple(gpus),
@@ -142,6 +155,11 @@ def diff(start: Snapshot | None, end: Snapshot | None) -> list[str]:
             out.append(f"GPU {g.index}: row remapping failed (the memory needs service)")
         if g.remap_pending and not b.remap_pending:
             out.append(f"GPU {g.index}: a row remap is now pending (a GPU reset applies it)")
+        was = dict(b.held_us)
+        for reason, us in g.held_us:
+            held = (us - was.get(reason, us)) / 1e6
+            if held >= 1:
+                out.append(f"GPU {g.index}: {held:.0f} s of {HELD.get(reason, reason)} during the job")
         if g.power_limit and b.power_limit and g.power_limit != b.power_limit:
             out.append(f"GPU {g.index}: power limit {b.power_limit:g} -> {g.power_limit:g} W during the job"
                        + (" (below its default: the host lowered it)" if g.power_default

@@ -116,3 +116,21 @@ def test_the_sampler_and_the_wrapper_record_health() -> None:
         r = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
         assert r.returncode == 0, r.stderr
     assert os.path.exists(FAKE / "bin" / "dmesg")
+
+
+def test_the_time_a_gpu_was_held_down_during_the_job(tmp_path: Path) -> None:
+    """nvidia-smi's clock-event counters (microseconds each reason held the clocks since the
+    driver loaded) before and after: GPU 2 of four braked for 41 s of the job (its counter
+    CONSTRUCTED on the captured H100 rows, whose counters read 0 us)."""
+    import csv
+    after = tmp_path / "after"
+    shutil.copytree(HOSTS / "4xh100-one-brakes-together", after)
+    rows = list(csv.reader((after / "query-gpu.csv").open(), skipinitialspace=True))
+    col = [h.split(" [")[0] for h in rows[0]].index("clocks_event_reasons_counters.hw_power_brake_slowdown")
+    rows[3][col] = "41234567 us"
+    (after / "query-gpu.csv").write_text("\n".join(", ".join(r) for r in rows) + "\n")
+    start = parse_snapshot(snapshot(HOSTS / "4xh100-one-brakes-together", tmp_path))
+    end = parse_snapshot(snapshot(after, tmp_path))
+    assert start is not None and dict(start.gpus[2].held_us)["hw_power_brake_slowdown"] == 0
+    assert diff(start, end) == ["GPU 2: 41 s of hardware power brake, the power supply's signal "
+                                "(hw_power_brake_slowdown) during the job"]
