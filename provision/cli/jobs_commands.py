@@ -25,7 +25,7 @@ from ..facts.gather import data_dirs
 from ..facts.host import HostFacts
 from ..jobs import DEFAULT_PORT, SHOWN, remote
 from ..jobs.distributed import Node, nproc_for, rendezvous, torchrun_argv
-from ..jobs.health import job_health
+from ..jobs.health import health_notes
 from ..jobs.monitor import Monitor, parse_sample
 from ..jobs.reader import Position, Reader, load, position_path
 from ..jobs.spec import (
@@ -357,17 +357,6 @@ def _health_of(s: Session, job: str) -> list[str]:
         return remote.job_health(s.ex, job)
     except ProvisionError:
         return []
-
-
-def health_notes(listed: Sequence[HostJobs]) -> dict[tuple[str, str], list[str]]:
-    """Each job's health from its start to its end (a running one: to now)."""
-    out: dict[tuple[str, str], list[str]] = {}
-    for h in listed:
-        for j in h.jobs:
-            lines = job_health(j.health, h.health_now if j.running else "")
-            if lines:
-                out[(h.host, j.id)] = lines
-    return out
 
 
 def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None = None) -> None:

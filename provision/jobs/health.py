@@ -14,12 +14,14 @@ import binascii
 import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
 from typing import Any
 
 from ..config.shipped import templates_dir
+from .state import HostJobs
 
 
 @cache
@@ -176,3 +178,14 @@ def job_health(raw: tuple[str, str], now: str = "") -> list[str]:
     """A job's health lines: its start against its end, or against ``now`` while it runs."""
     start, end = raw
     return diff(parse_snapshot(start), parse_snapshot(end or now))
+
+
+def health_notes(listed: Sequence[HostJobs]) -> dict[tuple[str, str], list[str]]:
+    """Each job's health from its start to its end (a running one: to now), by (host, job)."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for h in listed:
+        for j in h.jobs:
+            lines = job_health(j.health, h.health_now if j.running else "")
+            if lines:
+                out[(h.host, j.id)] = lines
+    return out

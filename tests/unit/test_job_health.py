@@ -10,9 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from provision.cli.jobs_commands import health_notes
 from provision.jobs import remote
-from provision.jobs.health import diff, job_health, parse_snapshot
+from provision.jobs.health import diff, health_notes, job_health, parse_snapshot
 from provision.jobs.monitor import Monitor, parse_sample
 from provision.jobs.spec import JobSpec
 from provision.jobs.state import parse_records

@@ -111,11 +111,13 @@ def _fake_torch(monkeypatch: pytest.MonkeyPatch) -> Any:
     import sys
 
     from tests.unit.gpu_payload import FAKE
-    spec = importlib.util.spec_from_file_location("torch", FAKE / "torch" / "__init__.py")
+    spec = importlib.util.spec_from_file_location("torch", FAKE / "torch" / "__init__.py",
+                                                  submodule_search_locations=[str(FAKE / "torch")])
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "torch", mod)  # the package, for its own submodules
+    monkeypatch.delitem(sys.modules, "torch._precision", raising=False)
     spec.loader.exec_module(mod)
-    monkeypatch.setitem(sys.modules, "torch", mod)
     return mod
 
 
