@@ -111,7 +111,8 @@ def judge(m: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]:
             _judge_gpus(m, cfg, th, check)
             health.judge_caps(m, check)
             sustained.judge_sustained(m, cfg.get("reference") or {}, check,
-                                      lambda g: mig_share(g, _ref_of(cfg, m, g)) or 1.0)
+                                      lambda g: mig_share(g, _ref_of(cfg, m, g)) or 1.0,
+                                      float(th["min_tflops_ratio"]))
     health.judge_health(m, check)
     return checks
 

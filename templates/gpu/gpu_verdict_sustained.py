@@ -6,7 +6,7 @@ Each GPU loaded together with all the others is judged:
   huggingface/gpu-fryer judges ("If the TFLOPS are within tflops_tolerance% of the best
   performing GPU, test will pass [default: 10]");
 - against its model's healthy sustained floor (gpu_perf.yaml, the same floor as the per-GPU
-  figures);
+  figures: 0.7 of a published sustained figure, else the recipe's min_tflops_ratio of the peak);
 - against itself: the last seconds against the first (a drop over DROP, 15%, is heat or power
   catching up with it);
 - by the clock-event reasons nvidia-smi reported during the load: hw_slowdown,
@@ -72,7 +72,9 @@ def readings(samples: list[dict[str, Any]]) -> tuple[str, list[str]]:
 
 
 def judge_sustained(m: dict[str, Any], refs: dict[str, Any], check: Check,
-                    share: Callable[[dict[str, Any]], float]) -> None:
+                    share: Callable[[dict[str, Any]], float], min_ratio: float = 0.5) -> None:
+    """``min_ratio``: the recipe's min_tflops_ratio, the floor's share of the peak for a model
+    without a published sustained figure (as the per-GPU speed check judges it)."""
     s = m.get("sustained")
     if not s:
         return
@@ -93,7 +95,7 @@ def judge_sustained(m: dict[str, Any], refs: dict[str, Any], check: Check,
         ref = refs.get(name) or {}
         scale = share(g)
         peak = ((ref.get("peak") or {}).get(dtype) or 0) * scale
-        floor = ((ref.get("floor") or {}).get(dtype) or 0) * scale
+        floor = ((ref.get("floor") or {}).get(dtype) or 0) * scale or min_ratio * peak
         series = g.get("tflops") or []
         first, last = _median(series[:3]), _median(series[-3:])
         siblings = [x for x in measured if str(x.get("name")) == name]
