@@ -8,6 +8,10 @@
 #              NCCL_DEBUG=WARN; skipped without GPUs.
 # 3. validate: renders templates/setup/validate.sh.j2 with the config the validate step computes
 #              (validation_config for these facts and the default recipe) and runs it with bash.
+# 3b. sustained: the same with validate --sustained's config (SUSTAINED_S seconds, default 45,
+#              of every GPU loaded at once): its checks, per-GPU rates second by second and the
+#              clocks, power, temperature and clock-event reasons sampled during the load go into
+#              summary.json ("sustained"), one line per GPU on stdout.
 # 4. bench:    renders templates/gpu/bench.sh.j2 like the bench step (no mirrors: nothing is
 #              downloaded) and runs it with bash.
 #
@@ -22,9 +26,10 @@
 # paramiko are not needed: nothing here connects anywhere). Each step script writes what it
 # reports to $RESULT, as under the step runtime: here validate.result and bench.result.
 #
-# Limits (seconds): FACTS_TIMEOUT (50), NCCL_TIMEOUT (60), VALIDATE_TIMEOUT (140),
-# BENCH_TIMEOUT (120), FIT_TIMEOUT (90): with the three 20 s render parts and each part's 10 s
-# kill grace the whole run stays under 580 s, inside one 600 s device call.
+# Limits (seconds): FACTS_TIMEOUT (40), NCCL_TIMEOUT (45), VALIDATE_TIMEOUT (100),
+# SUSTAINED_TIMEOUT (120), BENCH_TIMEOUT (90), FIT_TIMEOUT (60), the three render parts 15 each:
+# 500 s, and with each of the 9 parts' 5 s kill grace 545 s at the very worst, inside one 600 s
+# device call (the summary is written before the fit block, so it survives even that).
 set -u
 
 out=${1:-${OUT:-}}
@@ -48,21 +53,21 @@ run() {
   local part=$1 limit=$2 start
   shift 2
   start=$(date +%s.%N)
-  timeout -k 10 "$limit" "$@" >"$work/$part.out" 2>"$work/$part.err"
+  timeout -k 5 "$limit" "$@" >"$work/$part.out" 2>"$work/$part.err"
   echo $? >"$work/$part.rc"
   awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }' >"$work/$part.seconds"
 }
 
 # -- 1. facts ---------------------------------------------------------------------------------
-run facts-render 20 "$py" -c 'import sys
+run facts-render 15 "$py" -c 'import sys
 
 from provision.facts.gather import facts_script
 from provision.config.recipes import all_platforms
 sys.stdout.write(facts_script(all_platforms(), (sys.argv[1],)))' "$work/data"
 cp "$work/facts-render.out" "$work/facts.sh"
-run facts "${FACTS_TIMEOUT:-50}" bash "$work/facts.sh"
+run facts "${FACTS_TIMEOUT:-40}" bash "$work/facts.sh"
 cp "$work/facts.out" "$out/facts-stdout.json"
-run facts-parse 20 "$py" -c 'import sys
+run facts-parse 15 "$py" -c 'import sys
 
 import json
 from provision.facts.host import parse_facts
@@ -74,7 +79,7 @@ json.dump(facts.as_json(), open(sys.argv[2], "w"), indent=1, default=str)' \
   "$work/facts.out" "$out/facts.json"
 
 # -- 2, 3 and 4. the step scripts, rendered as the steps render them ------------------------
-run render-steps 20 "$py" -c 'import sys
+run render-steps 15 "$py" -c 'import sys
 
 import json
 from pathlib import Path
@@ -99,24 +104,30 @@ Path(work + "/payload").mkdir(exist_ok=True)
 for name, text in payload(BENCH_PAYLOAD):  # for the NCCL start-up check, as the steps write it
     Path(work + "/payload/" + name).write_text(text)
 Path(work + "/validate.sh").write_text(validate_body(py, config, {}, "device-check"))
+# validate --sustained: the same config with the seconds of every GPU loaded at once
+held = {**config, "thresholds": {**config["thresholds"], "sustained_s": float(sys.argv[3])}}
+Path(work + "/sustained.sh").write_text(validate_body(py, held, {}, "device-check-sustained"))
 bench = {"data_dir": work + "/data", "mirrors": [], "download_mb": 1, "download_timeout": 5}
-Path(work + "/bench.sh").write_text(bench_body(py, bench))' "$work" "$(command -v "$py" || echo "$py")"
+Path(work + "/bench.sh").write_text(bench_body(py, bench))' "$work" "$(command -v "$py" || echo "$py")" \
+  "${SUSTAINED_S:-45}"
 
 # NCCL's start-up: one process per GPU through init_process_group and an all-reduce, in the
 # words NCCL_DEBUG=WARN gives (the multi-GPU tier's first rung, alone)
 gpus=$(cat "$work/gpus" 2>/dev/null || echo 0)
 if [ "${gpus:-0}" -ge 1 ] 2>/dev/null; then
-  run nccl "${NCCL_TIMEOUT:-60}" env NCCL_DEBUG="${NCCL_DEBUG:-WARN}" \
+  run nccl "${NCCL_TIMEOUT:-45}" env NCCL_DEBUG="${NCCL_DEBUG:-WARN}" \
     "$py" "$work/payload/nccl_check.py" --allreduce "$gpus" nccl 16 5
 else
   echo '{"skipped": "no GPU in the facts"}' >"$work/nccl.out"; : >"$work/nccl.err"
   echo 0 >"$work/nccl.rc"; echo 0.0 >"$work/nccl.seconds"
 fi
 
-run validate "${VALIDATE_TIMEOUT:-140}" env HOME="$work/home" RESULT="$work/validate.result" \
+run validate "${VALIDATE_TIMEOUT:-100}" env HOME="$work/home" RESULT="$work/validate.result" \
   bash "$work/validate.sh"
 cp "$work/validate.out" "$out/validate-stdout.txt"
-run bench "${BENCH_TIMEOUT:-120}" env HOME="$work/home" RESULT="$work/bench.result" \
+run sustained "${SUSTAINED_TIMEOUT:-120}" env HOME="$work/home" RESULT="$work/sustained.result" \
+  bash "$work/sustained.sh"
+run bench "${BENCH_TIMEOUT:-90}" env HOME="$work/home" RESULT="$work/bench.result" \
   bash "$work/bench.sh"
 cp "$work/bench.out" "$out/bench-stdout.txt"
 
@@ -145,7 +156,7 @@ def result_of(name):
         return None
 
 parts = {n: part(n) for n in ("facts-render", "facts", "facts-parse", "render-steps", "nccl",
-                              "validate", "bench")}
+                              "validate", "sustained", "bench")}
 lines = []
 try:
     facts = json.load(open(f"{out}/facts.json"))
@@ -203,9 +214,30 @@ for name, path in (("validate", "validate.json"), ("bench", "bench.json")):
     lines.append(f"{name}: {'done' if p['ok'] else 'FAILED'} (rc {p['rc']}, {p['seconds']}s): "
                  f"{what[:300]}")
 
+# the sustained tier: its checks, and per GPU the rate each second and nvidia-smi's samples
+held = result_of("sustained")
+p = parts["sustained"]
+p["ok"] = p["rc"] == 0 and held is not None
+sustained, said = None, []
+if held is not None:
+    m = (held.get("measurements") or {}).get("sustained") or {}
+    sustained = {"verdict": held.get("verdict"), "checks": [c for c in held.get("checks", [])
+                 if "sustain" in c.get("name", "") or c.get("name") == "gpu caps"], "measured": m}
+    bad = [c for c in held.get("checks", []) if c.get("status") != "pass"]
+    what = (f"{m.get('dtype')} on {len(m.get('gpus') or [])} GPU(s) for {m.get('seconds')} s of load "
+            f"({m.get('wall_s')} s)" if m else "no GPU was loaded" +
+            (f"; {bad[0]['name']}: {bad[0]['reason']}" if bad else ""))
+    said.append(f"sustained: {'done' if p['ok'] else 'FAILED'} (rc {p['rc']}, {p['seconds']}s): verdict "
+                f"{held.get('verdict')}; {what[:300]}")
+    said += [f"  {c['name']}: {c['status']}: {c['reason'][:400]}" for c in sustained["checks"]]
+else:
+    said.append(f"sustained: FAILED (rc {p['rc']}, {p['seconds']}s): " +
+                (p["stderr_tail"].strip().splitlines() or ["no result written"])[-1][:200])
+at = next((k + 1 for k, line in enumerate(lines) if line.startswith("validate:")), len(lines))
+lines[at:at] = said  # in the order the parts ran
 summary = {"host": platform.node(), "python": sys.executable, "at": time.strftime(
-    "%Y-%m-%dT%H:%M:%S%z"), "parts": parts, "lines": lines,
-    "ok": all(parts[n].get("ok") for n in ("facts", "nccl", "validate", "bench"))}
+    "%Y-%m-%dT%H:%M:%S%z"), "parts": parts, "lines": lines, "sustained": sustained,
+    "ok": all(parts[n].get("ok") for n in ("facts", "nccl", "validate", "sustained", "bench"))}
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 print("\n".join(lines))
 sys.exit(0 if summary["ok"] else 1)
@@ -218,7 +250,7 @@ PY
 # memory.used is sampled, then once at batch 16; the line fitted to the first three
 # (provision/fit/measure.py) predicts the fourth. The job holds 2 x 256 MiB per sample at its
 # peak (x and x * 2), so the slope should come out near 0.5 GiB per sample. File:
-# fit-measure.json; one more summary line. FIT_TIMEOUT (90).
+# fit-measure.json; one more summary line. FIT_TIMEOUT (60).
 fitdir="$work/fit"
 mkdir -p "$fitdir/hook"
 cp "$repo/templates/fit/measure_hook.py" "$fitdir/hook/sitecustomize.py"
@@ -265,7 +297,7 @@ else:
 json.dump(result, open(f"{out}/fit-measure.json", "w"), indent=1)
 print(line)
 PY
-run fit-measure "${FIT_TIMEOUT:-90}" env HOME="$fitdir" "$py" "$fitdir/drive.py" "$repo" \
+run fit-measure "${FIT_TIMEOUT:-60}" env HOME="$fitdir" "$py" "$fitdir/drive.py" "$repo" \
   "$fitdir" "$out" "$(command -v "$py" || echo "$py")"
 fitrc=$(cat "$work/fit-measure.rc")
 fitsaid=$(tail -n 1 "$work/fit-measure.out" 2>/dev/null)

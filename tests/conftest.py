@@ -76,6 +76,8 @@ HEAVIEST_FIRST = (
     # mirror put where an image's build puts it)
     "sandbox/test_ssh_route.py",  # 171 s alone (four hosts, two of them bastions; about 40
     # commands through one or two jump hosts, each a login of its own), under a load of 7
+    "unit/test_validate_truth.py",  # 160-200 s (the payload on four-GPU stand-in hosts, a
+    # sustained load, a slow nvidia-smi)
     "sandbox/test_limited_host.py",  # 132 s (the bench on 1.5 cores)
     "sandbox/test_small_disk.py",  # 75 s alone (a bootstrap stopped twice, then redone; 172 s
     # at a load of 10 on 2 cores)

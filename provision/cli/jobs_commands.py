@@ -25,6 +25,7 @@ from ..facts.gather import data_dirs
 from ..facts.host import HostFacts
 from ..jobs import DEFAULT_PORT, SHOWN, remote
 from ..jobs.distributed import Node, nproc_for, rendezvous, torchrun_argv
+from ..jobs.health import health_notes
 from ..jobs.monitor import Monitor, parse_sample
 from ..jobs.reader import Position, Reader, load, position_path
 from ..jobs.spec import (
@@ -318,8 +319,11 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
             except BaseException:
                 reader.close()
                 raise
-        ended = isinstance(r.result, dict) and isinstance(r.result.get("rc"), int)
+            ended = isinstance(r.result, dict) and isinstance(r.result.get("rc"), int)
+            changed = _health_of(s, job) if ended else []
         reader.finished(r.size, ended)
+        for line in changed:  # what the job's GPUs went through while it ran
+            _notify(f"{target.name}: health: {line}")
         if ended:
             rc = int(r.result["rc"])
             if follow and rc != 0:
@@ -342,6 +346,14 @@ def logs(c: Context, job: str, follow: bool = False, all_: bool = False,
             raise Exit(code=max(x for x in bad if x is not None))
 
 
+
+
+def _health_of(s: Session, job: str) -> list[str]:
+    """The job's health lines; a host that cannot say is not an error of `logs`."""
+    try:
+        return remote.job_health(s.ex, job)
+    except ProvisionError:
+        return []
 
 
 def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None = None) -> None:
@@ -369,11 +381,14 @@ def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None 
     failed = {(h.host, j.id): failure_note(h.host, j.id, j.log_tail, j.label)
               for h in listed for j in h.jobs
               if j.failed and (j.log_tail or j.state == "exited")}
+    health = health_notes(listed)
     if json_:
-        output.print_json([{**j.as_json(h.now), "diagnosis": failed.get((h.host, j.id))}
-                           for h in listed for j in h.jobs])
+        output.print_json([{**j.as_json(h.now), "diagnosis": failed.get((h.host, j.id)),
+                            "health": health.get((h.host, j.id), [])} for h in listed for j in h.jobs])
     else:
-        output.jobs_table(listed, [*notes, *failed.values()])
+        output.jobs_table(listed, [*notes, *failed.values(),
+                                   *(f"{host}: job {jid}: {line}" for (host, jid), lines in health.items()
+                                     for line in lines)])
 
 
 

@@ -144,19 +144,44 @@ def bootstrap(c: Context, python: str | None = None, torch: str | None = None,
             "verdict": applied.verdict}
 
 
-@task(help=_help("env_name", "recipe", "platform", json="print the steps, verdict and "
-                                                        "validation report as JSON"))
+SUSTAINED_S = 60.0  # validate --sustained without a number: a minute of every GPU at once
+
+
+def sustained_seconds(value: Any) -> float | None:
+    """--sustained (True: the default), --sustained 120, or not given (None)."""
+    if value is None or value is False:
+        return None
+    if value is True or value == "":
+        return SUSTAINED_S
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = 0.0
+    if not 5 <= seconds <= 3600:
+        raise UsageError(f"--sustained: {value!r} is not a number of seconds from 5 to 3600 "
+                         f"(leave it out for {SUSTAINED_S:g})")
+    return seconds
+
+
+@task(optional=["sustained"], help=_help(
+    "env_name", "recipe", "platform", json="print the steps, verdict and validation report as JSON",
+    sustained="also load every GPU at once for SECONDS (default 60) and judge each against the "
+              "best of its siblings and its model's sustained floor, with the clocks, power, "
+              "temperature and clock-event reasons sampled during the load"))
 @reports_errors
 def validate(c: Context, env_name: str | None = None, recipe: str | None = None,
-             platform: str | None = None, json_: bool = False) -> dict[str, Any]:
+             platform: str | None = None, sustained: Any = None, json_: bool = False) -> dict[str, Any]:
     """Run validate_gpu.py in the env and show the verdict (exit 1 on FAIL).
 
-    Example: gpu-provision -H my-4090 validate
+    Example: gpu-provision -H my-4090 validate; gpu-provision -H my-8xh100 validate --sustained 120
     """
+    seconds = sustained_seconds(sustained)
     o = _overrides(env_name=env_name, recipe=recipe, platform=platform)
     with _session(c) as s:
         p = s.plan(o, revalidate=True)
         p.require_env("validate")
+        if seconds:
+            p = _with_sustained(p, seconds)
         applied = s.apply(p, only={"validate"})
     assert applied.report is not None and p.facts is not None
     limits = _limits_of(p)
@@ -169,6 +194,17 @@ def validate(c: Context, env_name: str | None = None, recipe: str | None = None,
         raise Exit(code=1)
     return {"steps": [(x.name, x.result, x.seconds) for x in applied.steps],
             "verdict": applied.verdict}
+
+
+def _with_sustained(p: Any, seconds: float) -> Any:
+    """The plan with its validate step measuring the sustained tier too (the step's config
+    carries the seconds among the thresholds, so its inputs differ from a plain run's)."""
+    from dataclasses import replace
+
+    from ..ops import validate as validate_ops
+    settings = replace(p.settings, validation={**p.settings.validation, "sustained_s": seconds})
+    step = validate_ops.validate_step(p.facts, p.layout, settings, p.torch, always=True)
+    return replace(p, steps=tuple(step if x.name == "validate" else x for x in p.steps))
 
 
 @task(help={"junit": "the JUnit XML file (default reports/<host>/verify-<time>.xml)"})
@@ -391,3 +427,4 @@ from .tasks_hands import forget_login, forward, shell, ssh_config  # noqa: E402,
 from .tasks_jobs import jobs, kill, logs, run, watch  # noqa: E402,F401
 from .tasks_keep import keepers  # noqa: E402,F401
 from .tasks_offline import compare, pick, refresh_compat  # noqa: E402,F401
+from .tasks_report import report as report_task  # noqa: E402,F401  (the task is named report)

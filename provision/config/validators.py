@@ -97,18 +97,45 @@ def env_vars(values: list[str]) -> str | None:
     return next((p for p in map(env_var, values) if p), None)
 
 
-GPU_CLAIM_RE = re.compile(r"(?P<model>[A-Za-z0-9][A-Za-z0-9 ._()/+-]*?)(?:\s*[x×]\s*(?P<count>[1-9]\d*))?")
+# how many, as listings write it: "RTX 4090 x2", "8x H100 SXM", "8 x A100", "gpu_8x_h100_sxm5"
+COUNT_AFTER = re.compile(r"(?<![A-Za-z0-9.])[x×]\s*(?P<n>\d+)(?![A-Za-z0-9.])")
+COUNT_BEFORE = re.compile(r"(?<![A-Za-z0-9.])(?P<n>\d+)\s*[x×](?=[\s_]|$)")
+GPU_CLAIM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+×-]*")
+
+
+def _counts(text: str) -> list[re.Match[str]]:
+    """Every count in ``text``: "x2" after the model first ("RTX 3080 x 1" is one 3080), then
+    "8x" before it where it does not share its x with one after."""
+    after = list(COUNT_AFTER.finditer(text))
+    taken = [range(m.start(), m.end()) for m in after]
+    before = [m for m in COUNT_BEFORE.finditer(text)
+              if not any(m.end() - 1 in r for r in taken)]
+    return sorted(after + before, key=lambda m: m.start())
+
+
+def split_gpu_claim(value: str) -> tuple[str, int | None]:
+    """``8x H100 SXM`` -> ("H100 SXM", 8); ``RTX 4090`` -> ("RTX 4090", None). The model is then
+    matched against nvidia-smi's name by the validation payload (templates/gpu/gpu_names.py)."""
+    text = value.strip()
+    found = _counts(text)
+    if not found:
+        return text, None
+    m = found[0]
+    model = (text[:m.start()].rstrip(" _") + " " + text[m.end():].lstrip(" _")).strip()
+    return model, int(m.group("n"))
 
 
 def gpu_claim(value: str) -> str | None:
-    """The GPU that was advertised: a model, then ``x`` and how many (``RTX 4090 x2``)."""
+    """The GPU that was advertised: a model as the platform lists it and how many, the count
+    before or after it (``RTX 4090 x2``, ``8x H100 SXM``, ``1x A100 SXM4 (40 GB)``)."""
     text = value.strip()
-    m = GPU_CLAIM_RE.fullmatch(text)
-    count_first = re.match(r"(\d+\s*[x×]|[x×]\s*\d+)(\s|$)", text)  # "2x RTX 4090", "x2"
-    bad_count = re.search(r"\s[x×]\s*\S*$", text) and not (m and m.group("count"))  # x0, x, x two
-    if m is None or count_first or bad_count:
-        return (f"{value!r} is not a GPU claim: write the model as nvidia-smi names it, then x and "
-                "the count, e.g. 'RTX 4090 x2' (x1 when there is one)")
+    found = _counts(text)
+    model, count = split_gpu_claim(text)
+    stray = re.search(r"(?:^|\s)[x×](?:\s|$)|(?:^|\s)[x×]\s*[^\d\s]\S*$", model)  # "x", "x two"
+    if not GPU_CLAIM_RE.fullmatch(text) or len(found) > 1 or count == 0 or stray or not model \
+            or not re.search(r"[A-Za-z]*\d", model):
+        return (f"{value!r} is not a GPU claim: write the model as the listing or nvidia-smi names it "
+                "and the count, e.g. 'RTX 4090 x2', '8x H100 SXM' (x1 when there is one)")
     return None
 
 

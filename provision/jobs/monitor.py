@@ -2,7 +2,9 @@
 that raise alerts from them. Pure: a sequence of samples in, views and alerts out.
 
 Alerts: a running job's GPUs at 0% for N minutes; GPU memory near full; a job that exited (or was
-lost); "out of memory" or NaN in a job's log; thermal or power throttling; a disk over 95%.
+lost); "out of memory" or NaN in a job's log; thermal or power throttling; a disk over 95%; what
+changed in the GPUs' health since the watch began (new Xid events of our GPUs, ECC errors, a row
+remap pending, a power limit the host changed: provision/jobs/health.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..facts.host import Disk, parse_df, parse_meminfo
+from .health import Snapshot, diff, parse_snapshot
 from .state import JobState, parse_records
 
 # nvmlClocksEventReasons bits (NVML's nvmlClocksThrottleReasons before R535), as nvidia-smi's
@@ -102,6 +105,7 @@ class Sample:
     gpu_note: str = ""  # why there are no GPU rows, when nvidia-smi said so
     memory_limit_gb: float | None = None  # the cgroup's limit, where one is set
     memory_used_gb: float | None = None  # what the cgroup holds, less reclaimable file cache
+    health: Snapshot | None = None  # ECC, remapped rows, power limits, Xid lines (every ~30 s)
 
     @property
     def limited(self) -> bool:
@@ -152,6 +156,8 @@ def parse_sample(line: str, host: str) -> Sample | None:
     return Sample(host=host, t=t, boot=boot, gpus=gpus, memory_limit_gb=limit, memory_used_gb=used,
                   jobs=parse_records(str(doc.get("jobs") or ""), host, now=t, host_boot=boot).jobs,
                   disks=parse_df(str(doc.get("disk") or "")), memory_gb=mem,
+                  health=parse_snapshot(json.dumps(doc["health"]))
+                  if isinstance(doc.get("health"), dict) else None,
                   memory_available_gb=avail,
                   gpu_note="" if gpus or not gpu_text else gpu_text.strip().splitlines()[-1][:200])
 
@@ -186,6 +192,8 @@ class Monitor:
     seen_running: set[tuple[str, str]] = field(default_factory=set)
     log_rate: dict[tuple[str, str], float] = field(default_factory=dict)  # bytes/s
     errors: dict[str, str] = field(default_factory=dict)  # host -> why it has no samples
+    health_first: dict[str, Snapshot] = field(default_factory=dict)  # the watch's first health
+    health_last: dict[str, Snapshot] = field(default_factory=dict)
 
     def update(self, sample: Sample) -> None:
         host = sample.host
@@ -204,6 +212,9 @@ class Monitor:
                     self.log_rate[(host, j.id)] = max(0.0, (j.log_size - old) / (sample.t - before.t))
         self.latest[host] = sample
         self.errors.pop(host, None)
+        if sample.health is not None:
+            self.health_first.setdefault(host, sample.health)
+            self.health_last[host] = sample.health
 
     def alerts(self, host: str) -> list[Alert]:
         s = self.latest.get(host)
@@ -242,6 +253,9 @@ class Monitor:
                                  f"{', '.join(g.throttled)} (SM {_g(g.sm_clock_mhz)} of "
                                  f"{_g(g.sm_clock_max_mhz)} MHz, {_g(g.temperature_c)} C, "
                                  f"{_g(g.power_w)}/{_g(g.power_limit_w)} W)"))
+        for line in diff(self.health_first.get(host), self.health_last.get(host)):
+            out.append(Alert("error" if "hardware" in line or "ECC" in line or "no longer" in line
+                             else "warning", host, f"since the watch began: {line}"))
         if s.usable_gb and 1 - s.free_gb / s.usable_gb >= self.memory_full:
             of = " (the cgroup's limit: past it the kernel kills the job)" if s.limited else ""
             out.append(Alert("warning", host, f"memory {s.usable_gb - s.free_gb:.1f}/"

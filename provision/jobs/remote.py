@@ -13,6 +13,7 @@ from ..remote.command import bash_script
 from ..remote.executor import Executor
 from ..remote.runtime import MARKER, StepRun, run_follow, run_foreground
 from ..remote.templating import render
+from . import health
 from .spec import JobSpec
 from .state import HostJobs, parse_records
 
@@ -78,6 +79,19 @@ def list_jobs(ex: Executor) -> HostJobs:
     """Every job on the host with its state (one remote execution)."""
     return ex.query("jobs", list_script(), lambda out: parse_records(out, ex.host),
                     what="the job list")
+
+
+def health_script(job: str) -> str:
+    return render("jobs/job_health.sh.j2", job=job)
+
+
+def job_health(ex: Executor, job: str) -> list[str]:
+    """What changed in the GPUs' health while the job ran (or so far): one remote execution."""
+    def parse(out: str) -> list[str]:
+        got = dict(line.partition(" ")[::2] for line in out.splitlines() if line.startswith("health-"))
+        return health.job_health((got.get("health-start", ""), got.get("health-end", "")),
+                                 got.get("health-now", ""))
+    return ex.query("job-health", health_script(job), parse, what="the job's GPU health")
 
 
 def kill_script(job: str, grace: int) -> str:

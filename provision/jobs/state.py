@@ -50,6 +50,8 @@ class JobState:
     rank: int = 0
     nnodes: int = 1
     spec: dict[str, Any] = field(default_factory=dict)
+    # the GPUs' health as it started and ended (templates/jobs/_health.sh.j2; jobs/health.py)
+    health: tuple[str, str] = ("", "")
 
     @property
     def running(self) -> bool:
@@ -94,6 +96,7 @@ class HostJobs:
     now: float
     boot: str
     jobs: tuple[JobState, ...]
+    health_now: str = ""  # the GPUs' health as listed: a running job's end so far
 
 
 def signal_name(code: int | None) -> str | None:
@@ -199,7 +202,8 @@ def job_state(raw: dict[str, str], host: str, host_boot: str,
         last_line=raw.get("last", ""), hit=raw.get("hit", "").strip(),
         log_tail=unpack_tail(raw.get("tail", "").strip()),
         gpu_memory_mib=memory_of(pid, apps), pid=pid, launcher=raw.get("launcher", "").strip(),
-        rank=int(spec.get("rank") or 0), nnodes=int(spec.get("nnodes") or 1), spec=spec)
+        rank=int(spec.get("rank") or 0), nnodes=int(spec.get("nnodes") or 1), spec=spec,
+        health=(raw.get("health-start", ""), raw.get("health-end", "")))
 
 
 def parse_records(text: str, host: str, now: float | None = None,
@@ -222,11 +226,11 @@ def parse_records(text: str, host: str, now: float | None = None,
             current[key] = rest
         elif key == "app":
             apps.append(line)
-        elif key in ("now", "host-boot"):
+        elif key in ("now", "host-boot", "health-now"):
             head[key] = rest.strip()
     gpu_apps = parse_apps(apps)
     boot = host_boot if host_boot is not None else head.get("host-boot", "")
     jobs = [job_state(r, host, boot, gpu_apps) for r in records]
     jobs.sort(key=lambda j: (j.started or 0, j.id), reverse=True)
     clock = now if now is not None else float(_int(head.get("now", "")) or 0)
-    return HostJobs(host=host, now=clock, boot=boot, jobs=tuple(jobs))
+    return HostJobs(host=host, now=clock, boot=boot, jobs=tuple(jobs), health_now=head.get("health-now", ""))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
+import zlib
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -16,6 +18,7 @@ from ..config.minimums import KEYS as MINIMUM_KEYS
 from ..config.minimums import Resources
 from ..config.minimums import judge as judge_minimums
 from ..config.shipped import data_file, templates_dir
+from ..config.validators import split_gpu_claim
 from ..facts.host import Disk, HostFacts
 from ..remote.templating import render
 from ..wheels.rule import TorchChoice
@@ -50,14 +53,19 @@ def validate_step(facts: HostFacts, lay: Layout, settings: Settings,
         if expected else "CPU mode: torch imports, the CPU build, a matmul on the CPU" \
         if not facts.has_nvidia_gpu else \
         "the GPUs nvidia-smi sees once the driver answers: torch imports, sees every GPU, matmul"
+    held = settings.validation.get("sustained_s")
+    if held and expected:
+        what += f"; then every GPU at once for {held:g} s, each against its siblings"
     need = minimums_of(settings)
     return Step("validate", what, action="run validate_gpu.py", body=body, inputs=h,
                 read=lambda result: read_validation(result, need))
 
 
 # The GPU payload as it ships: the measuring scripts and, beside them, the verdict rules they import
-VALIDATE_PAYLOAD = ("validate_gpu.py", "gpu_smi.py", "gpu_verdict.py", "gpu_verdict_multi.py",
-                    "nccl_check.py")
+VALIDATE_PAYLOAD = ("validate_gpu.py", "gpu_figures.py", "gpu_smi.py", "gpu_verdict.py",
+                    "gpu_verdict_speed.py", "gpu_verdict_multi.py", "gpu_verdict_health.py",
+                    "gpu_verdict_sustained.py", "gpu_names.py", "nccl_check.py", "precision.py",
+                    "sustained.py", "xid.py")
 BENCH_PAYLOAD = (*VALIDATE_PAYLOAD, "bench_gpu.py")
 
 
@@ -65,18 +73,25 @@ def payload(names: tuple[str, ...]) -> list[tuple[str, str]]:
     return [(name, (templates_dir() / "gpu" / name).read_text()) for name in names]
 
 
+def packed(names: tuple[str, ...]) -> str:
+    """The payload as templates/gpu/_payload.sh.j2 unpacks it: a JSON of name -> text, zlib,
+    base64 in lines of 76 (a step's script is one `bash -c` argument, at most 128 KiB)."""
+    raw = zlib.compress(json.dumps(dict(payload(names)), sort_keys=True).encode(), 9)
+    return base64.encodebytes(raw).decode().strip()
+
+
 def validate_body(python_bin: str, config: Mapping[str, Any], expect: Mapping[str, Any],
                   inputs: str, login: str = "") -> str:
     """The validate step's script: writes the payload, runs validate_gpu.py with ``config``;
     ``login``: the block that gives login shells the env (ops/login.py), none elsewhere."""
-    return render("setup/validate.sh.j2", python_bin=python_bin, payload=payload(VALIDATE_PAYLOAD),
+    return render("setup/validate.sh.j2", python_bin=python_bin, packed=packed(VALIDATE_PAYLOAD),
                   config=json.dumps(config, sort_keys=True), expected=json.dumps(expect, indent=1),
                   inputs=inputs, login=login)
 
 
 def bench_body(python_bin: str, config: Mapping[str, Any]) -> str:
     """The bench step's script: writes the payload, runs bench_gpu.py with ``config``."""
-    return render("gpu/bench.sh.j2", python_bin=python_bin, payload=payload(BENCH_PAYLOAD),
+    return render("gpu/bench.sh.j2", python_bin=python_bin, packed=packed(BENCH_PAYLOAD),
                   config=json.dumps(config, sort_keys=True))
 
 
@@ -200,12 +215,12 @@ def validation_config(facts: HostFacts, settings: Settings) -> dict[str, Any]:
 
 
 def parse_gpu_claim(claim: str | None) -> dict[str, Any] | None:
-    """``RTX 4090 x2`` -> {"model": "RTX 4090", "count": 2}; no ``xN`` means one."""
+    """``RTX 4090 x2`` or ``2x RTX 4090`` -> {"model": "RTX 4090", "count": 2}; no count means
+    one (the inventory's validator has checked the shape)."""
     if not claim:
         return None
-    m = re.fullmatch(r"\s*(.*?\S)(?:\s*[x×]\s*(\d+))?\s*", claim)
-    assert m is not None  # the inventory's validator has checked the shape
-    return {"model": m.group(1), "count": int(m.group(2) or 1)}
+    model, count = split_gpu_claim(claim)
+    return {"model": model, "count": count or 1}
 
 
 @cache

@@ -32,6 +32,7 @@ import urllib.request
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import precision  # noqa: E402
 import validate_gpu as vg  # noqa: E402
 
 
@@ -70,7 +71,8 @@ def detector(torch: Any, device: Any, batch: int, iters: int) -> float:
     model = nn.Sequential(*layers, nn.Conv2d(c, 255, 1)).to(device).eval()
     x = torch.randn(batch, 3, 640, 640, device=device)
     with torch.no_grad():
-        model(x)
+        for _ in range(3):  # cuDNN picks its kernels on the first calls: not timed
+            model(x)
         _sync(torch, device)
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -109,6 +111,13 @@ def disk(path: str, mib: int = 256) -> tuple[float | None, float | None, str | N
     finally:
         if os.path.exists(f):
             os.unlink(f)
+
+
+def _precision(torch: Any) -> dict[str, Any]:
+    precision.set_conv(torch, True)
+    precision.set_fp32(torch, False)
+    return {"conv": "tf32", "matmul": precision.fp32_mode(torch),
+            "env": {k: v for k, v in precision.environment().items() if v is not None}}
 
 
 def single_core(seconds: float = 0.5) -> float:
@@ -218,6 +227,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         cpu = _guarded(notes, "cpu matmul", lambda: vg.cpu_gflops(torch))
         if cpu is not None:
             out["tflops"]["fp32"] = round(cpu / 1000, 3)
+    # the conv nets' precision said, not left to the image: torch's defaults (cuDNN in TF32, fp32
+    # matmuls in IEEE), whatever the environment or a sitecustomize set (precision.py)
+    out["precision"] = _guarded(notes, "precision", lambda: _precision(torch))
     out["train_samples_s"] = _guarded(notes, "train", lambda: cnn(torch, dev, steps))
     out["infer_ms_b1"] = _guarded(notes, "inference batch 1", lambda: detector(torch, dev, 1, iters * 2))
     out["infer_ms_b32"] = _guarded(notes, "inference batch 32", lambda: detector(torch, dev, 32, iters))

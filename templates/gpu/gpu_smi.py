@@ -11,7 +11,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import xid  # noqa: E402
 
 SMI_TIMEOUT = 20
 SMI_FIELDS = ("uuid,index,name,pci.bus_id,memory.total,memory.used,utilization.gpu,compute_mode,"
@@ -20,6 +24,13 @@ LOAD_FIELDS = ("clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu,"
                "pcie.link.gen.current,pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max")
 # clock-event reasons: the field's name since driver 535, and its name before
 REASON_FIELDS = ("clocks_event_reasons", "clocks_throttle_reasons")
+# the caps a host can set that the renter pays for (nvidia-smi --help-query-gpu): the power limit
+# the driver enforces against the board's default and maximum, application clocks against their
+# defaults, persistence and compute mode
+CAPS = ("uuid,index,power.limit,enforced.power.limit,power.default_limit,power.min_limit,"
+        "power.max_limit,clocks.applications.graphics,clocks.default_applications.graphics,"
+        "clocks.applications.memory,clocks.default_applications.memory,persistence_mode,compute_mode")
+BAD_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
 REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
            "sw_thermal_slowdown")
 HEALTH = {"ecc": "ecc.mode.current,ecc.errors.uncorrected.volatile.total,"
@@ -57,6 +68,31 @@ def query(fields: str, target: str | None = None) -> dict[str, Any]:
     return {"rows": rows, "error": None}
 
 
+def query_known(fields: str) -> dict[str, Any]:
+    """``query`` without the fields this driver does not know (each named in nvidia-smi's error
+    and dropped, one at a time): an old driver answers what it has."""
+    keys = fields.split(",")
+    dropped: list[str] = []
+    for _ in range(len(keys)):
+        q = query(",".join(keys))
+        bad = BAD_FIELD.search(q["error"] or "")
+        if not bad or bad.group(1) not in keys:
+            return {**q, "unknown": dropped}
+        keys.remove(bad.group(1))
+        dropped.append(bad.group(1))
+    return {"rows": [], "error": "no field answered", "unknown": dropped}
+
+
+def reason_prefix() -> str | None:
+    """The clock-event reasons' field name this driver knows (clocks_event_reasons since R535,
+    clocks_throttle_reasons before), asked once: a driver that knows neither still answers the
+    load query's clocks and link."""
+    for prefix in REASON_FIELDS:
+        if not query(f"{prefix}.active")["error"]:
+            return prefix
+    return None
+
+
 def parse_mig_list(text: str) -> list[dict[str, Any]]:
     """`nvidia-smi -L` -> the MIG instances: [{"gpu": 0, "profile": "3g.40gb", "uuid": "MIG-..."}]."""
     out: list[dict[str, Any]] = []
@@ -90,19 +126,25 @@ def smi() -> dict[str, Any]:
     if any(str(g.get("mig.mode.current")).lower() == "enabled" for g in out["gpus"]):
         r = run(["nvidia-smi", "-L"])
         out["mig"] = parse_mig_list(r["out"]) if r["rc"] == 0 else []
+    caps = query_known(CAPS)
+    out["caps"] = caps["rows"] if not caps["error"] else {"error": caps["error"][:200]}
+    out["reasons_field"] = reason_prefix()
     return out
 
 
-def health(uuids: list[str]) -> dict[str, Any]:
+def health(bus_ids: dict[str, str]) -> dict[str, Any]:
     """ECC, remapped rows, retired pages: one query each (a field this driver does not know
-    fails only its own query), and the kernel log's Xid lines where readable."""
+    fails only its own query), and the kernel log's Xid lines where readable: those of our GPUs
+    (``bus_ids``: nvidia-smi's pci.bus_id -> index) classified, the others only counted."""
     out: dict[str, Any] = {}
     for part, fields in HEALTH.items():
         q = query("uuid,index," + fields)
         out[part] = q["rows"] if not q["error"] else {"error": q["error"][:200]}
     r = run(["dmesg"], timeout=10)
     if r["rc"] == 0:
-        out["xid"] = {"lines": [ln.strip() for ln in r["out"].splitlines() if "NVRM: Xid" in ln][-5:]}
+        mine, others = xid.scoped(xid.parse(r["out"]), bus_ids)
+        out["xid"] = {"events": mine[-50:], "other_gpus": others, "scoped": True,
+                      "lines": [e["line"] for e in mine][-5:]}
     else:
         out["xid"] = {"lines": [], "error": "the kernel log is not readable here "
                       f"({(r['err'].strip().splitlines() or ['exit ' + str(r['rc'])])[0][:120]})"}
@@ -134,11 +176,11 @@ def finish_load_query(proc: subprocess.Popen[str] | None, fields: str) -> dict[s
     return dict(zip(fields.split(","), cells)) if len(cells) == len(fields.split(",")) else {}
 
 
-def load_fields(prefix: str) -> str:
+def load_fields(prefix: str | None) -> str:
     """What is read under load: clocks, power, temperature, the PCIe link, and each clock-event
     reason (``prefix`` is the reasons' name: clocks_event_reasons since driver 535, before it
-    clocks_throttle_reasons)."""
-    return LOAD_FIELDS + "," + ",".join(f"{prefix}.{r}" for r in REASONS)
+    clocks_throttle_reasons; None where the driver knows neither)."""
+    return LOAD_FIELDS + "".join(f",{prefix}.{r}" for r in REASONS if prefix)
 
 
 def under_load(proc: Any, fields: str) -> dict[str, Any]:

@@ -11,32 +11,24 @@ judged again anywhere (the provisioner's tests do). Runs on the host beside vali
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from typing import Any, Callable
 
-import gpu_verdict_multi as multi
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_names  # noqa: E402
+import gpu_verdict_health as health  # noqa: E402
+import gpu_verdict_multi as multi  # noqa: E402
+import gpu_verdict_speed as speed  # noqa: E402
+import gpu_verdict_sustained as sustained  # noqa: E402
 
 Check = Callable[..., None]
 BUSY_MIB = 512  # memory in use before we started above this: someone else is on the GPU
-# measured/peak above this: the timing missed the work, not a fast card. GeForce cards boost past
-# the clock their datasheet peak assumes: healthy RTX 5090s are published at 1.16x theirs
-# (zzc0721/torch-performance-test-data, 242.18 bf16 against 209.5), so "about 1.15" is 1.25 here
-MEASUREMENT_ERROR = 1.25
-# PCIe, per lane and direction, GB/s after line coding (PCI-SIG: 2.5/5/8/16/32/64 GT/s)
-PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
-H2D_OF_LINK = 0.75  # pinned host-to-device copies reach about 3/4 of the link (nvbandwidth, bandwidthTest)
-MIG_NAME = re.compile(r"\bMIG\s+(?:\d+c\.)?(\d+)g\.(\d+)gb\b", re.IGNORECASE)
-
-
-def num(value: Any) -> float | None:
-    """A number nvidia-smi printed, or None: "[N/A]", "[Not Supported]", "N/A", "" are unknown,
-    never 0 (an idle link or a card without the sensor is not a zero)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(?:[A-Za-z%]+)?\s*", str(value or ""))
-    return float(m.group(1)) if m else None
+# the primitives the speed rules define, named here too (callers and recorded tests use gv.*)
+MEASUREMENT_ERROR, PCIE_LANE_GBS = speed.MEASUREMENT_ERROR, speed.PCIE_LANE_GBS
+H2D_OF_LINK = speed.H2D_OF_LINK
+MIG_NAME, num, mig_share = speed.MIG_NAME, speed.num, speed.mig_share
 
 
 def has_kernels(arches: list[str], capability: str) -> bool:
@@ -60,17 +52,10 @@ def ranges(indexes: list[int]) -> str:
     return ", ".join(out)
 
 
-def _norm(name: str) -> list[str]:
-    """Whole tokens of a GPU name: "NVIDIA A100-SXM4-80GB" -> ["a100", "sxm4", "80gb"]."""
-    return [t for t in re.split(r"[\s_\-]+", name.lower()) if t and t not in ("nvidia", "geforce",
-                                                                               "tesla")]
-
-
-def claim_matches(claim: str, name: str) -> bool:
-    """An advertised "L4" is the L4 and not the L40: every word of the claim is a whole word
-    of the name."""
-    have = _norm(name)
-    return all(t in have for t in _norm(claim))
+def claim_matches(claim: str, name: str, memory_mib: float | None = None) -> bool:
+    """An advertised "L4" is the L4 and not the L40, "H100 SXM" the "NVIDIA H100 80GB HBM3"
+    (gpu_names.py: model, form factor and memory as listings write them)."""
+    return gpu_names.matches(claim, name, memory_mib)[0]
 
 
 def smi_row(m: dict[str, Any], g: dict[str, Any]) -> dict[str, Any]:
@@ -124,12 +109,36 @@ def judge(m: dict[str, Any], cfg: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             check("cuda available", "pass", "torch.cuda.is_available()")
             _judge_gpus(m, cfg, th, check)
-    _judge_health(m, check)
+            health.judge_caps(m, check)
+            sustained.judge_sustained(m, cfg.get("reference") or {}, check,
+                                      lambda g: mig_share(g, _ref_of(cfg, m, g)) or 1.0,
+                                      float(th["min_tflops_ratio"]))
+    health.judge_health(m, check)
     return checks
+
+
+def _ref_of(cfg: dict[str, Any], m: dict[str, Any], g: dict[str, Any]) -> dict[str, Any] | None:
+    refs = cfg.get("reference") or {}
+    row = smi_row(m, g)
+    return refs.get(str(row.get("name") or g.get("name"))) or \
+        refs.get(MIG_NAME.split(str(g.get("name")))[0].strip())
 
 
 def _mig(m: dict[str, Any]) -> list[dict[str, Any]]:
     return list((m.get("smi") or {}).get("mig") or [])
+
+
+def visible_count(visible: str, total: int) -> int:
+    """The GPUs CUDA_VISIBLE_DEVICES shows: CUDA reads the entries in order and stops at the
+    first invalid one ("0,2,-1,1" shows two; CUDA C++ Programming Guide, "CUDA Environment
+    Variables")."""
+    n = 0
+    for item in (x.strip() for x in visible.split(",")):
+        if (item.isdigit() and int(item) < max(total, 1)) or item.startswith(("GPU-", "MIG-")):
+            n += 1
+        else:
+            break
+    return n
 
 
 def _judge_count(m: dict[str, Any], cfg: dict[str, Any], check: Check) -> None:
@@ -148,7 +157,7 @@ def _judge_count(m: dict[str, Any], cfg: dict[str, Any], check: Check) -> None:
         said += (f" ({len(whole)} whole GPU(s) and {len(_mig(m))} MIG instance(s) on GPU "
                  f"{', '.join(sorted(mig_parents))}, of which a process uses one)")
     if visible is not None:
-        n_visible = len([x for x in visible.split(",") if x.strip() and not x.strip().startswith("-")])
+        n_visible = visible_count(visible, len(rows))
         want = min(want, n_visible)
         said += f"; CUDA_VISIBLE_DEVICES={visible} shows this process {n_visible}"
     expected = int(cfg.get("expected_gpus") or 0)
@@ -159,7 +168,7 @@ def _judge_count(m: dict[str, Any], cfg: dict[str, Any], check: Check) -> None:
 
 
 def _judge_gpus(m: dict[str, Any], cfg: dict[str, Any], th: dict[str, Any], check: Check) -> None:
-    t, smi = m.get("torch") or {}, m.get("smi") or {}
+    t = m.get("torch") or {}
     if m.get("multi"):
         multi.judge_multi(m, th, check)  # first: its fix matters more than one GPU's speed
     _judge_count(m, cfg, check)
@@ -170,140 +179,39 @@ def _judge_gpus(m: dict[str, Any], cfg: dict[str, Any], th: dict[str, Any], chec
             check(f"gpu {i} kernels", "fail", f"{name} is sm_{g['capability'].replace('.', '')}; "
                   f"the wheel has {' '.join(t.get('arch_list') or [])}")
             continue
-        if g.get("error"):
-            check(f"gpu {i} matmul", "fail", str(g["error"]))
-            continue
-        ok = g.get("matmul_ok")
-        check(f"gpu {i} matmul", "pass" if ok else "fail",
-              "matches the CPU result" if ok else "differs from the CPU result")
         row = smi_row(m, g)
-        ref = refs.get(str(row.get("name") or name)) or refs.get(MIG_NAME.split(name)[0].strip())
-        _judge_speed(g, ref, row, th, check)
-        _judge_memory(g, ref, th, check)
-        _judge_h2d(g, row, th, check)
-    _judge_busy(m, check)
-    claim = cfg.get("advertised")
-    if claim:
-        names = [str(x.get("name")) for x in smi.get("gpus") or []] or \
-            [g["name"] for g in m.get("gpus") or []]
-        match = [n for n in names if claim_matches(claim["model"], n)]
-        want = int(claim.get("count") or 1)
-        if len(match) >= want and len(match) == len(names):
-            check("advertised gpu", "pass", f"{claim['model']} x{want} advertised, "
-                  f"{len(match)} seen ({', '.join(sorted(set(names)))})")
-        else:
-            check("advertised gpu", "fail", f"{claim['model']} x{want} was advertised, the host "
-                  f"has {len(names)}: {', '.join(names) or 'none'}")
-
-
-def mig_share(g: dict[str, Any], ref: dict[str, Any] | None) -> float | None:
-    """The share of the whole GPU a MIG instance has: its SMs over the GPU's (torch reads the
-    instance's multiprocessor count), else its compute slices over 7."""
-    m = MIG_NAME.search(str(g.get("name") or ""))
-    if not m:
-        return None
-    if g.get("sms") and ref and ref.get("sms"):
-        return float(g["sms"]) / float(ref["sms"])
-    return int(m.group(1)) / 7.0
-
-
-def _clocks(g: dict[str, Any]) -> str:
-    load = g.get("under_load") or {}
-    if not load:
-        return ""
-    parts = [f"under load: SM clock {load.get('clocks.sm', '?')}/{load.get('clocks.max.sm', '?')} MHz"]
-    if num(load.get("power.draw")) is not None:
-        parts.append(f"power {load.get('power.draw')}/{load.get('power.limit', '?')} W")
-    elif num(load.get("power.limit")) is not None:
-        parts.append(f"power limit {load.get('power.limit')} W")
-    if num(load.get("temperature.gpu")) is not None:
-        parts.append(f"{load.get('temperature.gpu')} C")
-    if load.get("reasons"):
-        parts.append("clocks held by " + ", ".join(load["reasons"]))
-    return "; " + ", ".join(parts)
-
-
-def _judge_speed(g: dict[str, Any], ref: dict[str, Any] | None, row: dict[str, Any],
-                 th: dict[str, Any], check: Check) -> None:
-    i, name = g["index"], g["name"]
-    got = {k: v for k, v in (g.get("tflops") or {}).items() if v is not None}
-    notes = "; ".join(g.get("notes") or [])
-    if not ref or not any((ref.get("peak") or {}).values()):
-        measured = ", ".join(f"{k} {v}" for k, v in got.items()) or "nothing"
-        check(f"gpu {i} speed", "pass", f"{name}: {measured} TFLOPS; no reference figures for this "
-              f"model to compare with{_clocks(g)}" + (f" ({notes})" if notes else ""))
-        return
-    share = mig_share(g, ref)
-    scale = share or 1.0
-    parts, slow, wrong = [], [], []
-    for dtype, value in got.items():
-        peak = (ref.get("peak") or {}).get(dtype)
-        if not peak:
+        if g.get("error"):
+            mode = str(row.get("compute_mode") or "")
+            check(f"gpu {i} matmul", "fail", str(g["error"]) + (
+                "; its compute mode is Prohibited: no process may use it (nvidia-smi -c DEFAULT, "
+                "root)" if mode.lower() == "prohibited" else ""))
             continue
-        peak *= scale
-        floor = (ref.get("floor") or {}).get(dtype)
-        if floor:  # from the model's published sustained figure
-            floor *= scale
-            parts.append(f"{dtype} {value} (floor {floor:.1f} of peak {peak:.1f})")
-        else:
-            floor = th["min_tflops_ratio"] * peak
-            parts.append(f"{dtype} {value} (floor {floor:.1f} = {th['min_tflops_ratio']} x peak {peak:.1f})")
-        if value > MEASUREMENT_ERROR * peak:
-            wrong.append(f"{dtype} {value} is {value / peak:.2f}x the datasheet peak")
-        elif value < floor:
-            slow.append(dtype)
-    what = f"{name}" + (f", a MIG instance with {scale:.2f} of the GPU" if share else "")
-    if wrong:
-        check(f"gpu {i} speed", "warn", f"{what}: {'; '.join(wrong)}: a measurement error (the "
-              f"timing did not cover the work), not a faster card ({'; '.join(parts)})")
-    elif slow:
-        check(f"gpu {i} speed", "warn", f"{what}: {', '.join(slow)} below the healthy floor for "
-              f"this model: throttled, power-capped, shared or not the card it claims to be "
-              f"({'; '.join(parts)}){_clocks(g)}")
-    else:
-        check(f"gpu {i} speed", "pass", f"{what}: every figure at or above the healthy floor "
-              f"({'; '.join(parts)}){_clocks(g)}")
+        speed.judge_correctness(g, check)
+        ref = refs.get(str(row.get("name") or name)) or refs.get(MIG_NAME.split(name)[0].strip())
+        speed.judge_speed(g, ref, th, check)
+        speed.judge_memory(g, ref, th, check)
+        speed.judge_h2d(g, row, th, check)
+    _judge_busy(m, check)
+    if cfg.get("advertised"):
+        _judge_claim(m, cfg["advertised"], check)
 
 
-def _judge_memory(g: dict[str, Any], ref: dict[str, Any] | None, th: dict[str, Any],
-                  check: Check) -> None:
-    got, want = g.get("mem_gbs"), (ref or {}).get("mem_gbs")
-    if got is None or not want:
+def _judge_claim(m: dict[str, Any], claim: dict[str, Any], check: Check) -> None:
+    """The GPUs against the advertised one, named as listings name them (gpu_names.py)."""
+    rows = (m.get("smi") or {}).get("gpus") or []
+    seen = [(str(x.get("name")), num(x.get("memory.total"))) for x in rows] or \
+        [(str(g["name"]), (g.get("memory_gb") or 0) * 1e9 / 2 ** 20 or None) for g in m.get("gpus") or []]
+    names = [n for n, _ in seen]
+    verdicts = [gpu_names.matches(claim["model"], n, mib) for n, mib in seen]
+    match = [n for n, (ok, _) in zip(names, verdicts) if ok]
+    want = int(claim.get("count") or 1)
+    if len(match) >= want and len(match) == len(names):
+        check("advertised gpu", "pass", f"{claim['model']} x{want} advertised, "
+              f"{len(match)} seen ({', '.join(sorted(set(names)))})")
         return
-    share = mig_share(g, ref) or 1.0
-    want *= share
-    ratio = got / want
-    status = "warn" if ratio < th["min_bandwidth_ratio"] or ratio > MEASUREMENT_ERROR else "pass"
-    why = "" if status == "pass" else ("; a measurement error" if ratio > MEASUREMENT_ERROR else
-                                       "; slower memory than this model has")
-    check(f"gpu {g['index']} memory bandwidth", status,
-          f"device copy {got} GB/s of the datasheet's {want:.0f} ({ratio:.2f}){why}")
-
-
-def _judge_h2d(g: dict[str, Any], row: dict[str, Any], th: dict[str, Any], check: Check) -> None:
-    """Host-to-device against the link the GPU has under load (PCIe drops to gen 1 at idle),
-    and that link against the GPU's own maximum."""
-    got = g.get("h2d_gbs")
-    if got is None:
-        return
-    link = g.get("link") or {}
-    gen, width = num(link.get("pcie.link.gen.current")), num(link.get("pcie.link.width.current"))
-    top_gen = num(link.get("pcie.link.gen.max") or row.get("pcie.link.gen.max"))
-    top_width = num(link.get("pcie.link.width.max") or row.get("pcie.link.width.max"))
-    if not gen or not width:
-        check(f"gpu {g['index']} bandwidth", "pass", f"host-to-device {got} GB/s (the link's "
-              "generation and width are unknown here, so not judged)")
-        return
-    want = PCIE_LANE_GBS.get(int(gen), 0.0) * width * H2D_OF_LINK
-    said = f"host-to-device {got} GB/s on PCIe gen {gen:g} x{width:g} (about {want:.0f} expected)"
-    narrow = bool(top_gen and top_width and (gen < top_gen or width < top_width))
-    low = want > 0 and got < th["min_bandwidth_ratio"] * want
-    if narrow:
-        said += (f"; the GPU can do gen {top_gen:g} x{top_width:g}: the slot, riser or BIOS gives "
-                 "it less")
-    if low:
-        said += "; slow even for this link (pinned memory throttled, or the link retrains)"
-    check(f"gpu {g['index']} bandwidth", "warn" if narrow or low else "pass", said)
+    why = sorted({w for ok, w in verdicts if not ok and w})
+    check("advertised gpu", "fail", f"{claim['model']} x{want} was advertised, the host "
+          f"has {len(names)}: {', '.join(names) or 'none'}" + (f" ({'; '.join(why)})" if why else ""))
 
 
 def _judge_busy(m: dict[str, Any], check: Check) -> None:
@@ -338,56 +246,6 @@ def _judge_busy(m: dict[str, Any], check: Check) -> None:
     elif busy:
         text += "; no GPU is free (a shared or dirty instance)"
     check("gpu busy", "warn", text)
-
-
-def _judge_health(m: dict[str, Any], check: Check) -> None:
-    """ECC, remapped rows, retired pages and Xid lines, each from its own query; a field the
-    driver does not know, or [N/A], is unknown and judges nothing."""
-    h = m.get("health") or {}
-    if not h:
-        return
-    bad: list[str] = []
-    warn: list[str] = []
-    unknown: list[str] = []
-    for part, rows in (("ecc", h.get("ecc")), ("remapped rows", h.get("remapped")),
-                       ("retired pages", h.get("retired"))):
-        if not isinstance(rows, list):
-            said = rows.get("error", "not read") if isinstance(rows, dict) else "not read"
-            unknown.append(f"{part} ({said})")
-            continue
-        for r in rows:
-            gpu = f"GPU {r.get('index', '?')}"
-            if part == "ecc" and (num(r.get("ecc.errors.uncorrected.volatile.total")) or 0) > 0:
-                bad.append(f"{gpu}: {r['ecc.errors.uncorrected.volatile.total']} uncorrected ECC "
-                           "errors since boot")
-            if part == "remapped rows":
-                if str(r.get("remapped_rows.failure")).strip().lower() == "yes":
-                    bad.append(f"{gpu}: row remapping failed (the memory needs service)")
-                if str(r.get("remapped_rows.pending")).strip().lower() == "yes":
-                    warn.append(f"{gpu}: a remapped row is pending: reset the GPU to apply it")
-                if (num(r.get("remapped_rows.uncorrectable")) or 0) > 0:
-                    warn.append(f"{gpu}: {r['remapped_rows.uncorrectable']} rows remapped after "
-                                "uncorrectable errors")
-            if part == "retired pages":
-                if str(r.get("retired_pages.pending")).strip().lower() == "yes":
-                    warn.append(f"{gpu}: a retired page is pending: reset the GPU to apply it")
-                if (num(r.get("retired_pages.double_bit.count")) or 0) > 0:
-                    warn.append(f"{gpu}: {r['retired_pages.double_bit.count']} pages retired "
-                                "after double-bit errors")
-    xid = h.get("xid") or {}
-    lines = xid.get("lines") or []
-    if lines:
-        warn.append(f"{len(lines)} Xid line(s) in the kernel log, the last: {lines[-1][:200]}")
-    elif xid.get("error"):
-        unknown.append(f"Xid ({xid['error']})")
-    tail = f" (unknown: {'; '.join(unknown)})" if unknown else ""
-    if bad:
-        check("gpu health", "fail", "; ".join(bad + warn) + tail)
-    elif warn:
-        check("gpu health", "warn", "; ".join(warn) + tail)
-    else:
-        check("gpu health", "pass", "no uncorrected ECC errors, failed or pending row remaps, "
-              "retired pages or Xid lines" + tail)
 
 
 def verdict(checks: list[dict[str, Any]]) -> str:

@@ -24,7 +24,8 @@ Check = Callable[..., None]
 # has 4 links of 14.0625 GB/s)
 NVLINK_GBS = {"6.0": 20.0, "7.0": 25.0, "8.0": 25.0, "8.6": 14.0625, "9.0": 25.0, "10.0": 50.0}
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
-GEFORCE_NO_P2P = re.compile(r"RTX (40|50)\d0", re.IGNORECASE)  # GeForce Ada and Blackwell
+# GeForce Ada and Blackwell ("NVIDIA GeForce RTX 4090"; not the RTX 4000/5000 Ada workstation cards)
+GEFORCE_NO_P2P = re.compile(r"GeForce RTX (40|50)\d0", re.IGNORECASE)
 SMALL_SHM = 1 << 30  # bytes: Docker's default is 64 MiB
 ERR_802 = re.compile(r"\b802\b|system not yet initialized|cudaErrorSystemNotReady", re.I)
 FIXES = {"NCCL_SHM_DISABLE": "NCCL's shared-memory transport failed",
@@ -110,10 +111,21 @@ def expected_busbw(m: dict[str, Any]) -> tuple[float | None, str]:
         return None, "no PCIe link figures"
     p2p = mm.get("p2p") or []
     all_p2p = bool(p2p) and all(p2p[i][j] for i in range(n) for j in range(n) if i != j)
-    via_host = not all_p2p or (good_run(mm).get("env") or {}).get("NCCL_P2P_DISABLE") == "1"
+    if mm.get("p2p_error"):  # not read is not "no peer access": the link's own figure
+        all_p2p = True
+    inherited = inherited_nccl(m)
+    via_host = not all_p2p or (good_run(mm).get("env") or {}).get("NCCL_P2P_DISABLE") == "1" \
+        or inherited.get("NCCL_P2P_DISABLE") == "1"
     low = min(pcie)
     return (low / 2, f"PCIe {low:.1f} GB/s per GPU, through host memory (no peer-to-peer)") \
         if via_host else (low, f"PCIe {low:.1f} GB/s per GPU, peer-to-peer")
+
+
+def inherited_nccl(m: dict[str, Any]) -> dict[str, str]:
+    """The NCCL_* settings this host's environment gives every process (the image's or the
+    login's), which the all-reduce inherited: their effect is theirs, not the hardware's."""
+    return {k: str(v) for k, v in (m.get("env") or {}).items() if k.startswith("NCCL_") and v is not None
+            and k != "NCCL_DEBUG"}
 
 
 def _how(run: dict[str, Any]) -> str:
@@ -150,7 +162,10 @@ def judge_multi(m: dict[str, Any], th: dict[str, Any], check: Check) -> None:
     p2p = mm.get("p2p") or []
     pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
     peer = [(i, j) for i, j in pairs if p2p and p2p[i][j] and p2p[j][i]]
-    if len(peer) == len(pairs):
+    if mm.get("p2p_error"):
+        check("p2p", "warn", f"peer access could not be read ({mm['p2p_error']}): the all-reduce is "
+              "judged against the links' own bandwidth")
+    elif len(peer) == len(pairs):
         check("p2p", "pass", f"peer access between all {len(pairs)} GPU pair(s)")
     elif not peer:
         check("p2p", "pass", f"no peer access between any of the {len(pairs)} GPU pair(s): "
@@ -213,6 +228,10 @@ def judge_multi(m: dict[str, Any], th: dict[str, Any], check: Check) -> None:
             why = ""
             if low and (mm.get("acs_redirect") or (mm.get("hypervisor") and mm.get("iommu_groups"))):
                 why = "; IOMMU/ACS on this host can route peer-to-peer through the root complex"
+            inherited = inherited_nccl(m)
+            if inherited:
+                why += ("; this environment sets " + ", ".join(f"{k}={v}" for k, v in inherited.items())
+                        + " for every process (not ours): the all-reduce ran with it")
             check("multi-gpu bandwidth", "warn" if low else "pass",
                   f"all-reduce bus bandwidth {good['busbw_gbs']} GB/s of about {want:.0f} the "
                   f"topology allows ({ratio:.2f}; {basis}){why}")

@@ -2,13 +2,13 @@
 (Python 3.8+, torch only) and prints ONE line: the report of gpu_verdict.py (shipped beside it,
 which holds every verdict rule) on what this file measured. About 10 s of load per GPU, and
 on 2+ GPUs the NCCL all-reduce (one spawned process per GPU; bounded at 90 s, each further rung
-of its ladder at 60 s).
+of its ladder at 60 s); with "sustained_s" every GPU at once for that long (sustained.py).
 
 Argument 1 is the JSON config the provisioner renders (the validate step journals the verdict
 itself, templates/setup/validate.sh.j2):
   {"expected_gpus": int (what nvidia-smi showed the provisioner),
    "advertised": {"model": "RTX 4090", "count": 1} | null (the inventory's ``gpu:``),
-   "thresholds": {"min_tflops_ratio", "min_bandwidth_ratio"},
+   "thresholds": {"min_tflops_ratio", "min_bandwidth_ratio", "sustained_s"?},
    "reference": {<GPU name as nvidia-smi prints it>: {"peak": {dtype: dense TFLOPS},
                  "floor": {dtype: TFLOPS a healthy card sustains at least}, "mem_gbs", "sms",
                  "source"}},
@@ -18,19 +18,12 @@ The host's cores, memory and free disk are measured here ("measurements"."host")
 against the recipe's minimums by the provisioner (provision/config/minimums.py: one rule for the
 plan, before anything is installed, and for this report).
 
-How it measures (the rules a measurement on real hardware needs):
-- every figure on the device it names: inside ``torch.cuda.device(i)``, timed by CUDA events
-  recorded on that device's current stream (torch.cuda.Event.record uses
-  torch.cuda.current_stream(), https://docs.pytorch.org/docs/stable/generated/torch.cuda.Event.html);
-- sustained: at least WARMUP_S of the same work first, then at least MEASURE_S timed, the matrix
-  size chosen from a probe so one figure stays within FIGURE_BOUND_S (Pascal's fp16 runs at
-  1/64 rate);
-- clocks, power, temperature, clock-event reasons and the PCIe link read by nvidia-smi WHILE the
-  work runs (at idle an H100 reads 345 MHz and PCIe gen 1), per GPU by UUID:
-  CUDA_DEVICE_ORDER=PCI_BUS_ID and torch.cuda.get_device_properties(i).uuid (torch >= 2.4) match
-  nvidia-smi's ``uuid`` whatever CUDA_VISIBLE_DEVICES says;
-- the multi-GPU tier first, before this process opens a CUDA context, so a GPU in
-  Exclusive_Process compute mode is free for NCCL's workers.
+How one GPU is measured is gpu_figures.py's docstring; here: GPUs are matched to nvidia-smi's
+rows by UUID (CUDA_DEVICE_ORDER=PCI_BUS_ID and torch.cuda.get_device_properties(i).uuid,
+torch >= 2.4, match nvidia-smi's ``uuid`` whatever CUDA_VISIBLE_DEVICES says); the multi-GPU
+tier runs first, before this process opens a CUDA context, so a GPU in Exclusive_Process
+compute mode is free for NCCL's workers; the environment variables that change what a figure
+measures are recorded (precision.environment) so their effect is named, not blamed on the card.
 """
 
 from __future__ import annotations
@@ -46,163 +39,18 @@ import warnings
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_figures as gf  # noqa: E402
 import gpu_verdict as gv  # noqa: E402
 import gpu_verdict_multi as gvm  # noqa: E402
 import nccl_check  # noqa: E402
-from gpu_smi import REASON_FIELDS, health, load_fields, smi, start_load_query, under_load  # noqa: E402
+import precision  # noqa: E402
+import sustained  # noqa: E402
+from gpu_smi import health, smi  # noqa: E402
 
 judge, report, verdict = gv.judge, gv.report, gv.verdict  # what callers of this file used
 _allreduce, parse_topology = nccl_check.allreduce, gvm.parse_topology
-
-WARMUP_S = 0.3
-MEASURE_S = 1.0
-FIGURE_BOUND_S = 4.0  # wall-clock bound on one figure, whatever the GPU
-
-
-# -- the single-GPU figures -----------------------------------------------------------------
-
-def _timed(torch: Any, work: Any, seconds: float, deadline: float) -> dict[str, Any]:
-    """Runs ``work`` (which queues GPU work on the current device) in batches between two events
-    of the current device until the events have timed ``seconds`` of GPU time (or the wall
-    deadline passed): {"ms", "calls"}."""
-    ms, calls, batch = 0.0, 0, 1
-    while ms < seconds * 1000 and time.perf_counter() < deadline:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(batch):
-            work()
-        end.record()
-        end.synchronize()
-        took = start.elapsed_time(end)
-        ms += took
-        calls += batch
-        if took < 50:  # few launches per event pair, so the events time the device, not Python
-            batch *= 2
-    return {"ms": ms, "calls": calls}
-
-
-def figure(torch: Any, work: Any, per_call: float, deadline_s: float = FIGURE_BOUND_S,
-           on_load: Any = None) -> dict[str, Any]:
-    """Rate of ``work`` (``per_call`` units each: FLOPs or bytes), sustained: a warm-up of at least
-    WARMUP_S, then at least MEASURE_S timed. {"rate", "seconds", "calls", "error"}."""
-    deadline = time.perf_counter() + deadline_s
-    _timed(torch, work, WARMUP_S, deadline)
-    if on_load is not None:
-        on_load()
-    got = _timed(torch, work, MEASURE_S, deadline)
-    if got["ms"] <= 0:
-        return {"rate": None, "seconds": 0.0, "calls": got["calls"],
-                "error": "the CUDA events timed no GPU time: the work did not run on this device"}
-    return {"rate": per_call * got["calls"] / (got["ms"] / 1000), "seconds": round(got["ms"] / 1000, 2),
-            "calls": got["calls"], "error": None}
-
-
-def matmul_figure(torch: Any, dtype: Any, on_load: Any = None) -> dict[str, Any]:
-    """TFLOPS of n x n matmuls on the current device; n from a probe so one matmul takes at
-    most ~50 ms (8192 on a datacenter card, smaller where the type is slow)."""
-    n = 1024
-    a = torch.randn(n, n, device="cuda", dtype=dtype)
-    b = torch.randn(n, n, device="cuda", dtype=dtype)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a @ b
-    start.record()
-    for _ in range(3):
-        a @ b
-    end.record()
-    end.synchronize()
-    per = start.elapsed_time(end) / 3  # ms per 1024 matmul
-    while n < 8192 and per * 8 <= 50:
-        n, per = n * 2, per * 8
-    if n != 1024:
-        a = torch.randn(n, n, device="cuda", dtype=dtype)
-        b = torch.randn(n, n, device="cuda", dtype=dtype)
-    got = figure(torch, lambda: a @ b, 2 * n ** 3, on_load=on_load)
-    got["n"] = n
-    got["tflops"] = round(got.pop("rate") / 1e12, 1) if got.get("rate") else None
-    return got
-
-
-def gpu_figures(torch: Any, i: int, cap_major: int, uuid: str | None) -> dict[str, Any]:
-    """Every figure of GPU ``i`` on GPU ``i``: matmul TFLOPS per type (the heaviest first, the
-    clocks read under it), device-memory and host-to-device bandwidth (the link read under it).
-    Each figure is independent: one that fails is a note, not the end."""
-    out: dict[str, Any] = {"tflops": {}, "figures": {}, "mem_gbs": None, "h2d_gbs": None,
-                           "under_load": {}, "link": {}, "notes": []}
-    old_tf32 = torch.backends.cuda.matmul.allow_tf32
-    order = [("fp16", torch.float16, False)]
-    if cap_major >= 8:
-        order += [("bf16", torch.bfloat16, False), ("tf32", torch.float32, True)]
-    order += [("fp32", torch.float32, False)]
-    tries = list(REASON_FIELDS)  # the load query with the reasons' newer name, then the older
-    try:
-        with torch.cuda.device(i):
-            for name, dtype, tf32 in order:
-                started: list[Any] = []
-                fields = load_fields(tries.pop(0)) if not out["under_load"] and tries else ""
-
-                def hook(f: str = fields, s: list[Any] = started) -> None:
-                    if f:  # read under the heaviest figure whose query answers
-                        s.append((start_load_query(uuid, f), f))
-                try:
-                    torch.backends.cuda.matmul.allow_tf32 = tf32
-                    got = matmul_figure(torch, dtype, on_load=hook)
-                    out["figures"][name] = got
-                    out["tflops"][name] = got["tflops"]
-                    if got.get("error"):
-                        out["notes"].append(f"{name}: {got['error']}")
-                except Exception as exc:  # one type failing ("no kernel image") is a note
-                    out["notes"].append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
-                finally:
-                    for proc, fields in started:
-                        out["under_load"] = under_load(proc, fields)
-                    torch.cuda.empty_cache()
-            # the link under load: PCIe drops to gen 1 at idle and trains up under work
-            out["link"] = {k: v for k, v in out["under_load"].items() if k.startswith("pcie.")}
-            out["mem_gbs"] = _bandwidth(torch, out, "mem", lambda: _device_copy(torch))
-            out["h2d_gbs"] = _bandwidth(torch, out, "h2d", lambda: _host_copy(torch))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old_tf32  # the legacy switch is process-wide
-    return out
-
-
-def _bandwidth(torch: Any, out: dict[str, Any], name: str, measure_fn: Any) -> float | None:
-    try:
-        got = measure_fn()
-    except Exception as exc:
-        out["notes"].append(f"{name}: {type(exc).__name__}: {str(exc)[:200]}")
-        return None
-    finally:
-        torch.cuda.empty_cache()
-    out["figures"][name] = got
-    if got.get("error"):
-        out["notes"].append(f"{name}: {got['error']}")
-        return None
-    return round(float(got["rate"]) / 1e9, 1)
-
-
-def _device_copy(torch: Any) -> dict[str, Any]:
-    """Device-memory bandwidth: a copy reads and writes every byte (2 x size per copy)."""
-    free, _ = torch.cuda.mem_get_info()
-    size = int(min(1 << 30, free // 8)) // 4 * 4
-    src = torch.empty(size, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return figure(torch, lambda: dst.copy_(src), 2 * size)
-
-
-def _host_copy(torch: Any) -> dict[str, Any]:
-    """Host-to-device from pinned memory."""
-    size = 256 << 20
-    host = torch.empty(size, dtype=torch.uint8).pin_memory()
-    dev = torch.empty(size, dtype=torch.uint8, device="cuda")
-    return figure(torch, lambda: dev.copy_(host, non_blocking=True), size)
-
-
-def cpu_gflops(torch: Any, n: int = 1024, reps: int = 5) -> float:
-    a = torch.randn(n, n)
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ a
-    return reps * 2 * n ** 3 / max(time.perf_counter() - t0, 1e-9) / 1e9
+figure, matmul_figure, gpu_figures, cpu_gflops = gf.figure, gf.matmul_figure, gf.gpu_figures, gf.cpu_gflops
+WARMUP_S, MEASURE_S, FIGURE_BOUND_S = gf.WARMUP_S, gf.MEASURE_S, gf.FIGURE_BOUND_S
 
 
 def matmul_tflops(torch: Any, device: Any, major: int) -> dict[str, Any]:
@@ -292,11 +140,11 @@ def _uuid(props: Any) -> str | None:
     return ("MIG-" if gv.MIG_NAME.search(str(getattr(props, "name", ""))) else "GPU-") + text
 
 
-def measure(cfg: dict[str, Any]) -> dict[str, Any]:
+def measure(cfg: dict[str, Any], env: dict[str, Any] | None = None) -> dict[str, Any]:
     m: dict[str, Any] = {"smi": smi() if cfg.get("expected_gpus") else None,
                          "host": host(cfg.get("data_dir")), "torch": {}, "gpus": [],
                          "cpu_gflops": None, "libcuda": None,
-                         "env": {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")},
+                         "env": env if env is not None else precision.environment(),
                          # the interpreter, and the one it is (a venv's python is a link to it)
                          "python": {"executable": sys.executable,
                                     "real": os.path.realpath(sys.executable),
@@ -329,48 +177,63 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
         return m
     n = t["device_count"] = torch.cuda.device_count()
     t["arch_list"] = torch.cuda.get_arch_list()
-    m["health"] = health([str(r.get("uuid")) for r in (m["smi"] or {}).get("gpus") or []])
+    rows = (m["smi"] or {}).get("gpus") or []
+    m["health"] = health({str(r.get("pci.bus_id")): str(r.get("index")) for r in rows})
     if n >= 2:  # before any context of ours: Exclusive_Process GPUs take one process each
         try:
             m["multi"] = nccl_check.measure_multi(torch, n, m["smi"] or {})
         except Exception as exc:
             m["multi"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    reasons = (m["smi"] or {}).get("reasons_field", "clocks_event_reasons")
     for i in range(n):
-        props = torch.cuda.get_device_properties(i)
-        cap = (props.major, props.minor)
-        g: dict[str, Any] = {"index": i, "name": torch.cuda.get_device_name(i), "uuid": _uuid(props),
-                             "capability": f"{cap[0]}.{cap[1]}",
-                             "memory_gb": round(props.total_memory / 1e9, 1),
-                             "sms": getattr(props, "multi_processor_count", None), "matmul_ok": None,
-                             "tflops": {}, "h2d_gbs": None, "mem_gbs": None, "error": None}
-        mig = [x for x in (m["smi"] or {}).get("mig") or [] if x.get("uuid") == g["uuid"]]
-        if mig:
-            parent: dict[str, Any] = next((r for r in (m["smi"] or {}).get("gpus") or []
-                           if str(r.get("index")) == str(mig[0]["gpu"])), {})
-            g["parent_uuid"] = parent.get("uuid")
+        g = _gpu(torch, i, m)
         m["gpus"].append(g)
         if not gv.has_kernels(t["arch_list"], g["capability"]):
             continue
         try:
             with torch.cuda.device(i):
-                dev = torch.device("cuda", i)
-                got = (a.to(dev) @ a.to(dev)).cpu()
-                g["matmul_ok"] = bool(torch.allclose(ref, got, rtol=1e-2, atol=1e-2))
-            g.update(gpu_figures(torch, i, cap[0], g.get("parent_uuid") or g["uuid"]))
+                precision.set_fp32(torch, False)  # the check's own switches, whatever the image set
+                g["correctness"] = gf.correctness(torch, a, torch.device("cuda", i),
+                                                  precision.fp32_mode(torch))
+                g["matmul_ok"] = g["correctness"]["ok"]
+            g.update(gpu_figures(torch, i, int(g["capability"].split(".")[0]),
+                                 g.get("parent_uuid") or g["uuid"], reasons))
         except Exception as exc:  # a GPU that errors is a finding, not a crash
             g["error"] = f"{type(exc).__name__}: {exc}"[:500]
+    seconds = float((cfg.get("thresholds") or {}).get("sustained_s") or 0)
+    if seconds > 0:
+        fit = [g for g in m["gpus"] if not g.get("error")
+               and gv.has_kernels(t["arch_list"], g["capability"])]
+        m["sustained"] = sustained.measure(torch, fit, seconds, reasons)
     return m
+
+
+def _gpu(torch: Any, i: int, m: dict[str, Any]) -> dict[str, Any]:
+    props = torch.cuda.get_device_properties(i)
+    g: dict[str, Any] = {"index": i, "name": torch.cuda.get_device_name(i), "uuid": _uuid(props),
+                         "capability": f"{props.major}.{props.minor}",
+                         "memory_gb": round(props.total_memory / 1e9, 1),
+                         "sms": getattr(props, "multi_processor_count", None), "matmul_ok": None,
+                         "tflops": {}, "h2d_gbs": None, "mem_gbs": None, "error": None}
+    mig = [x for x in (m["smi"] or {}).get("mig") or [] if x.get("uuid") == g["uuid"]]
+    if mig:
+        parent: dict[str, Any] = next((r for r in (m["smi"] or {}).get("gpus") or []
+                                       if str(r.get("index")) == str(mig[0]["gpu"])), {})
+        g["parent_uuid"] = parent.get("uuid")
+        g["mig_profile"] = mig[0].get("profile")
+    return g
 
 
 def main(argv: list[str]) -> None:
     # torch numbers GPUs as nvidia-smi does when CUDA starts with this set (CUDA C++ Programming
     # Guide, "CUDA Environment Variables": CUDA_DEVICE_ORDER); an order set by the user stays
     # hers, and each GPU is still matched by UUID
+    given = precision.environment()  # as the image gave it, before our own default below
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     config = json.loads(argv[1]) if len(argv) > 1 else {}
     started = time.perf_counter()
     try:
-        result = report(measure(config), config, time.perf_counter() - started)
+        result = report(measure(config, given), config, time.perf_counter() - started)
     except Exception as exc:  # still one JSON line: the provisioner reads nothing else
         result = {"schema": 3, "verdict": "FAIL", "mode": "gpu" if config.get("expected_gpus") else "cpu",
                   "torch": None, "cuda": None, "devices": [], "measurements": {},

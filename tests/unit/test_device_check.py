@@ -49,10 +49,12 @@ def test_it_writes_the_files_the_device_tool_brings_back(
     assert all(f.is_file() and re.fullmatch(r"[A-Za-z0-9._-]+", f.name)
                and f.stat().st_size < 16 << 20 for f in files)
     lines = result.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["facts", "nccl", "validate", "bench", "fit-measure"]
-    assert all(" done (rc 0, " in line for line in lines[:4])
+    assert [line.split(":")[0] for line in lines] == ["facts", "nccl", "validate", "sustained", "bench",
+                                                      "fit-measure"]
+    assert all(" done (rc 0, " in line for line in lines[:5])
+    assert "verdict FAIL; no GPU was loaded; torch import: import torch failed" in lines[3]
     # fit --measure's hook needs a GPU: on this machine its block says so and fails nothing
-    assert lines[4].startswith("fit-measure: skipped (rc 0, ") and "needs one" in lines[4]
+    assert lines[5].startswith("fit-measure: skipped (rc 0, ") and "needs one" in lines[5]
     assert json.loads((out / "fit-measure.json").read_text())["small"] == {"gpu": False,
                                                                         "runs": []}
 
@@ -84,7 +86,8 @@ def test_without_torch_validate_and_bench_fail_cleanly(
     assert summary["ok"] is True
     assert {k: v["rc"] for k, v in summary["parts"].items()} == {
         "facts-render": 0, "facts": 0, "facts-parse": 0, "render-steps": 0, "nccl": 0,
-        "validate": 0, "bench": 0}
+        "validate": 0, "sustained": 0, "bench": 0}
+    assert summary["sustained"]["verdict"] == "FAIL" and summary["sustained"]["measured"] == {}
     # no GPU in the facts: NCCL's start-up check is skipped, and says so
     assert summary["parts"]["nccl"]["result"] == {"skipped": "no GPU in the facts"}
 
@@ -94,7 +97,7 @@ def test_a_part_past_its_limit_is_recorded_and_the_others_still_run(tmp_path: Pa
     assert result.returncode == 1
     lines = result.stdout.splitlines()
     assert lines[0].startswith("facts: done") and lines[2].startswith("validate: done")
-    assert lines[3].startswith("bench: FAILED (rc 124, ")
+    assert lines[4].startswith("bench: FAILED (rc 124, ")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["ok"] is False and summary["parts"]["bench"]["rc"] == 124
     assert not (tmp_path / "out" / "bench.json").exists()
@@ -106,3 +109,13 @@ def test_it_needs_an_output_folder(tmp_path: Path) -> None:
     result = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env,
                             timeout=30)
     assert result.returncode == 2 and "usage:" in result.stderr
+
+
+def test_every_limit_together_fits_one_device_call() -> None:
+    """The parts' limits and each one's kill grace, at their defaults, stay inside the device
+    tool's 600 s for one call, so even a run where every part hangs returns its summary."""
+    text = SCRIPT.read_text()
+    grace = int(re.search(r"timeout -k (\d+) ", text).group(1))  # type: ignore[union-attr]
+    limits = [int(n) for n in re.findall(r"^\s*run [a-z-]+ (?:\"\$\{[A-Z_]+:-)?(\d+)", text, re.M)]
+    assert len(limits) == 9
+    assert sum(limits) + grace * len(limits) < 600, (limits, grace)

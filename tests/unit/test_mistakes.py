@@ -17,8 +17,8 @@ import pytest
 
 RECIPES = "known: llm-finetune, ollama, pytorch, vllm, yolov8"
 PLATFORMS = "known: autodl, china, generic-vm, lambda, runpod, vast"
-GPU_CLAIM = ("is not a GPU claim: write the model as nvidia-smi names it, then x and the count, "
-             "e.g. 'RTX 4090 x2' (x1 when there is one)")
+GPU_CLAIM = ("is not a GPU claim: write the model as the listing or nvidia-smi names it and the "
+             "count, e.g. 'RTX 4090 x2', '8x H100 SXM' (x1 when there is one)")
 SMI_CAP = "nvidia-smi --query-gpu=compute_cap --format=csv,noheader"
 NO_KEY = ("no usable key: no -i KEY, no `key:` in the inventory, no ssh-agent key and none of "
           "~/.ssh/id_ed25519, ~/.ssh/id_ecdsa, ~/.ssh/id_rsa, ~/.ssh/id_dsa: pass -i KEY, or make "
@@ -40,8 +40,8 @@ CASES = [
      f"{PLATFORMS})", 1),
     ("python-as-number", BOX + "python: 3.10\n", ["-H", "box", "bootstrap"],
      "error: {inv}:3: python: 3.10 was read as the number 3.1; quote it: python: \"3.10\"", 1),
-    ("gpu-claim", BOX + "gpu: 2x RTX 4090\n", ["-H", "box", "bootstrap"],
-     f"error: {{inv}}:3: gpu: '2x RTX 4090' {GPU_CLAIM}", 1),
+    ("gpu-claim", BOX + "gpu: RTX 4090 x0\n", ["-H", "box", "bootstrap"],
+     f"error: {{inv}}:3: gpu: 'RTX 4090 x0' {GPU_CLAIM}", 1),
     ("missing-key-file", BOX + "key: ~/.ssh/id_gpu\n", ["-H", "box", "facts"],
      "error: {inv}:3: key: ~/.ssh/id_gpu does not exist: give the private key file to log in "
      "with (or -i KEY on the command line)", 1),

@@ -100,6 +100,14 @@ def test_every_template_is_covered() -> None:
                        "setup/secrets_forget.sh.j2", "gpu/bench.sh.j2", "gpu/bench_gpu.py",
                        # the GPU payload (tests/unit/test_validate_measure.py runs it)
                        "gpu/_payload.sh.j2", "gpu/gpu_smi.py", "gpu/gpu_verdict.py", "gpu/gpu_verdict_multi.py", "gpu/nccl_check.py", "setup/_install.sh.j2",
+                       # (and tests/unit/test_validate_truth.py, test_verdict_properties.py, test_gpu_names.py)
+                       "gpu/gpu_figures.py", "gpu/gpu_names.py", "gpu/gpu_verdict_health.py",
+                       "gpu/gpu_verdict_speed.py", "gpu/gpu_verdict_sustained.py", "gpu/precision.py",
+                       "gpu/sustained.py", "gpu/xid.py",
+                       # the GPUs' health through a job: tests/unit/test_job_health.py
+                       "jobs/_health.sh.j2", "jobs/job_health.sh.j2",
+                       # report: tests/unit/test_report.py
+                       "gpu/report.sh.j2",
                        "setup/_pkg_wait.sh.j2", "setup/_el_repos.sh.j2", "setup/_debian_components.sh.j2",
                        # jobs (rendered and run in tests/unit/test_jobs_scripts.py)
                        "jobs/follow.sh.j2", "jobs/_jobs.sh.j2", "jobs/job_launch.sh.j2", "jobs/job_wrapper.sh.j2",

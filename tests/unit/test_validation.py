@@ -136,7 +136,7 @@ def test_wrong_model_fails() -> None:
     verdict, checks = judged("a100-advertised-as-h100")
     assert verdict == "FAIL"
     assert checks["advertised gpu"] == ("fail", "H100 x1 was advertised, the host has 1: "
-                                                "NVIDIA A100-SXM4-40GB")
+                                                "NVIDIA A100-SXM4-40GB (the model is A100)")
     assert checks["gpu 0 speed"][0] == "pass"  # a healthy A100 - just not what was paid for
 
 

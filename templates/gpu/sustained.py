@@ -1,0 +1,161 @@
+"""gpu-provision validation, the node under sustained load: every GPU loaded AT ONCE with large
+matmuls for a given time, each GPU's rate per second of load and nvidia-smi's clocks, power,
+temperature and clock-event reasons sampled during it. Shipped beside validate_gpu.py
+(Python 3.8+, torch only, passed in); gpu_verdict_sustained.py judges it.
+
+Why at once and for long: a failing fan or heat sink takes tens of seconds to throttle a card,
+and a power supply that cannot feed every GPU together only shows when they all draw together
+(NVML's HW power brake slowdown, https://docs.nvidia.com/deploy/nvml-api/
+group__nvmlClocksEventReasons.html); the per-GPU figures load one GPU for about a second. As
+huggingface/gpu-fryer does: large matmuls on every GPU, each judged against the best of its
+siblings (within 10%).
+
+How: one thread launches rounds of work on every GPU (kernel launches are asynchronous, so the
+GPUs run together), each round about ROUND_MS of one GPU's time, timed by that GPU's own
+events; nvidia-smi is started after a round is launched and read while the next one runs, so
+every sample is taken under load, whatever nvidia-smi's start-up costs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import precision  # noqa: E402
+from gpu_smi import REASONS  # noqa: E402
+
+ROUND_MS = 1000.0
+SAMPLE_FIELDS = "uuid,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
+
+
+def _sampler(prefix: str | None) -> list[str]:
+    return SAMPLE_FIELDS.split(",") + [f"{prefix}.{r}" for r in REASONS if prefix]
+
+
+def _start(fields: list[str]) -> subprocess.Popen[str] | None:
+    try:
+        return subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                                 "--format=csv,noheader,nounits"], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None
+
+
+def _collect(proc: subprocess.Popen[str], fields: list[str], t: float,
+             samples: dict[str, list[dict[str, Any]]], wait: float) -> bool:
+    """The sampler's rows, if it has answered (waiting at most ``wait`` s), into ``samples``."""
+    try:
+        out, _ = proc.communicate(timeout=wait)
+    except subprocess.TimeoutExpired:
+        return False
+    for line in out.strip().splitlines() if proc.returncode == 0 else []:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(fields):
+            continue
+        row = dict(zip(fields, cells))
+        uuid = row.pop("uuid")
+        reasons = [k.split(".")[-1] for k, v in list(row.items()) if "reasons" in k and v.lower() == "active"]
+        row = {k: v for k, v in row.items() if "reasons" not in k}
+        samples.setdefault(uuid, []).append({"t": round(t, 1), **row, "reasons": reasons})
+    return True
+
+
+def _setup(torch: Any, g: dict[str, Any], dtype: Any) -> dict[str, Any]:
+    """The matrices on GPU g and a batch that takes about ROUND_MS there."""
+    with torch.cuda.device(g["index"]):
+        n = 8192
+        a = torch.randn(n, n, device="cuda", dtype=dtype)
+        b = torch.randn(n, n, device="cuda", dtype=dtype)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a @ b
+        start.record()
+        for _ in range(3):
+            a @ b
+        end.record()
+        end.synchronize()
+        per = max(start.elapsed_time(end) / 3, 1e-3)
+    return {"g": g, "a": a, "b": b, "flop": 2 * n ** 3, "batch": max(1, int(ROUND_MS / per)),
+            "tflops": [], "ms": 0.0, "error": None, "events": None}
+
+
+def _launch(torch: Any, w: dict[str, Any]) -> None:
+    if w["error"]:
+        return
+    try:
+        with torch.cuda.device(w["g"]["index"]):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(w["batch"]):
+                w["a"] @ w["b"]
+            end.record()
+            w["events"] = (start, end)
+    except Exception as exc:  # noqa: BLE001 - this GPU stops; the others go on
+        w["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _finish(torch: Any, w: dict[str, Any]) -> None:
+    if w["error"] or not w["events"]:
+        return
+    try:
+        with torch.cuda.device(w["g"]["index"]):
+            start, end = w["events"]
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        if ms > 0:
+            w["ms"] += ms
+            w["tflops"].append(round(w["flop"] * w["batch"] / (ms / 1000) / 1e12, 1))
+    except Exception as exc:  # noqa: BLE001
+        w["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def measure(torch: Any, gpus: list[dict[str, Any]], seconds: float, prefix: str | None) -> dict[str, Any]:
+    """{"seconds", "dtype", "wall_s", "gpus": [{"index", "uuid", "name", "tflops": [per round],
+    "seconds", "samples": [{"t", "clocks.sm", ..., "reasons"}], "error"}]}"""
+    major = min((int(str(g["capability"]).split(".")[0]) for g in gpus), default=0)
+    name, dtype = ("bf16", torch.bfloat16) if major >= 8 else ("fp16", torch.float16)
+    out: dict[str, Any] = {"seconds": seconds, "dtype": name, "gpus": [], "wall_s": None}
+    saved = precision.save(torch)
+    precision.set_reduced(torch, True)
+    work: list[dict[str, Any]] = []
+    for g in gpus:
+        try:
+            work.append(_setup(torch, g, dtype))
+        except Exception as exc:  # noqa: BLE001
+            work.append({"g": g, "tflops": [], "ms": 0.0, "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                         "events": None})
+    fields, samples = _sampler(prefix), {}  # type: list[str], dict[str, list[dict[str, Any]]]
+    t0 = time.perf_counter()
+    wall_bound = t0 + seconds * 1.5 + 30
+    proc: subprocess.Popen[str] | None = None
+    asked_at = 0.0
+    try:
+        while time.perf_counter() < wall_bound:
+            live = [w for w in work if not w["error"]]
+            if not live or all(w["ms"] >= seconds * 1000 for w in live):
+                break
+            for w in live:
+                _launch(torch, w)
+            done = sum(w["ms"] for w in live) / len(live) / 1000  # seconds of load so far
+            if proc is not None and _collect(proc, fields, asked_at, samples, ROUND_MS / 1000):
+                proc = None
+            if proc is None:
+                proc, asked_at = _start(fields), done
+            for w in live:
+                _finish(torch, w)
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.communicate()
+        precision.restore(torch, saved)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    for w in work:
+        g = w["g"]
+        key = g.get("parent_uuid") or g.get("uuid")
+        out["gpus"].append({"index": g["index"], "uuid": g.get("uuid"), "name": g.get("name"),
+                            "tflops": w["tflops"], "seconds": round(w["ms"] / 1000, 1),
+                            "samples": samples.get(str(key), []), "error": w["error"]})
+    return out
