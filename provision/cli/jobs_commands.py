@@ -39,6 +39,7 @@ from ..jobs.spec import (
     validation_env,
 )
 from ..jobs.state import HostJobs
+from ..money.notify import for_target
 from ..remote.executor import Executor
 from ..setup.session import Session, open_executor
 from ..store import Store, run_id
@@ -179,6 +180,8 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
         if folder is not None:  # the code first: the job's working folder is where it landed
             dests = on_each(sessions, lambda s: send_code(s, folder, workdir, exclude))
             specs = [replace(x, workdir=d) for x, d in zip(specs, dests, strict=True)]
+        specs = [replace(x, notify_script=for_target(t))
+                 for x, t in zip(specs, targets, strict=True)]
         scripts = [remote.launch_script(x) for x in specs]
         items = list(zip(sessions, specs, scripts, strict=True))
         try:

@@ -41,6 +41,11 @@ INVENTORY_SCHEMA = {
     "recipe": Check(str, v.name),
     "price_per_hour": float,
     "currency": str,
+    # the spend cap since the machine started, in that currency (autostop acts at 100%)
+    "max_spend": Check(float, lambda x: None if x > 0 else f"{x}: a positive amount"),
+    # where a word goes when a job ends, autostop fires or fails, a preemption comes
+    # (provision/money/notify.py): webhook URLs, ntfy:URL, mailto:ADDRESS, command:CMD
+    "notify": Check([str], v.notify_targets),
     "gpu": Check(str, v.gpu_claim),
     "python": Check(str, v.python_version),
     "torch": Check(str, v.torch_spec),

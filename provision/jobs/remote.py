@@ -47,7 +47,7 @@ def launch_script(spec: JobSpec) -> str:
     return render("jobs/job_launch.sh.j2", id=spec.id, name=spec.name, argv=spec.argv, gpus=spec.gpus,
                   workdir=spec.workdir, share=spec.share, spec_json=spec.spec_json(),
                   data_dirs=spec.data_dirs, wrapper=wrapper_script(spec), launcher=spec.launcher,
-                  files=spec.files, sent=spec.sent)
+                  files=spec.files, sent=spec.sent, notify_script=spec.notify_script)
 
 
 def _not_found(exc: RemoteError) -> ProvisionError:

@@ -4,6 +4,7 @@ platform profiles' stop sections, and the cost and idle figures from a probe."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -124,7 +125,9 @@ def test_watchdog_and_control_render_for_every_action(platform: str) -> None:
     for name, spec in p.autostop.actions.items():
         if spec.refused:
             continue
-        req = autostop.Request(action=name, save=hostile, save_to="/mnt/fs",
+        # --save-to: storage this action keeps, where it names any
+        kept = (spec.keeps_paths[0].replace("*", "fs1") if spec.keeps_paths else "/mnt/fs")
+        req = autostop.Request(action=name, save=hostile, save_to=kept,
                                after_job="train-1", instance_id="i-1")
         d = autostop.decide(p, req, "/root")
         script = autostop.watchdog_script(d, req, p)
@@ -133,7 +136,7 @@ def test_watchdog_and_control_render_for_every_action(platform: str) -> None:
         ctl = autostop._ctl("install", command=list(spec.command), need_id=False,
                             id_env=list(p.autostop.instance_id_env),
                             key_env=list(p.autostop.api_key_env), key_hint=p.autostop.key_hint,
-                            require_persistent="/mnt/fs", watchdog=script,
+                            keep_base=kept, keep_paths=list(spec.keeps_paths), watchdog=script,
                             config=json.dumps(autostop.config(d, req)),
                             persistent=d.persistent or "", lookup_url="https://x/{id}",
                             instance_id="i-1", addresses=["10.0.0.1"],
@@ -274,7 +277,9 @@ def test_a_failing_gpu_check_refuses_only_an_action_that_loses_data() -> None:
         autostop.check_probe(d, runpod, broken, "pod")
     vast = PLATFORMS["vast"]  # its stop keeps the whole disk: only jobs count then
     dv = autostop.decide(vast, autostop.Request(), "/root")
-    assert not dv.loses_data and autostop.check_probe(dv, vast, broken, "box") == dv
+    # accepted; the watchdog is told the GPUs could not be seen at install
+    assert not dv.loses_data and autostop.check_probe(dv, vast, broken, "box") == \
+        dataclasses.replace(dv, gpu_seen=False)
     # the watchdog it renders counts the failing check as busy for the data-losing action only
     req = autostop.Request(save="/root/ckpt")
     assert "LOSES_DATA=1" in autostop.watchdog_script(d, req, runpod)
