@@ -238,6 +238,8 @@ class Settings:
     gpu: str | None = None
     price_per_hour: float | None = None
     currency: str | None = None
+    max_spend: float | None = None  # autostop acts when the spend since the start reaches it
+    notify: tuple[str, ...] = ()  # where a word goes (provision/money/notify.py)
     validation: Mapping[str, float] = field(default_factory=dict)
     # key -> (layer, how it was set): which layer asked for it, named so a message can say what
     # changes it ("command line", "--python"), ("inventory", "python: in box.yaml") or

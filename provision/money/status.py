@@ -38,12 +38,13 @@ def state_text(state: dict[str, Any], alive: bool, cfg: dict[str, Any],
         return f"preemption notice: {state['preempted']} (SIGINT sent to our jobs)"
     if state.get("stopping_since"):
         return f"stop sent ({state.get('result')}), waiting for the machine to go down"
-    if state.get("phase"):
-        return f"running (pid {state.get('pid')}): {state['phase']}, still sampling"
     busy = state.get("busy") or ""
-    text = (f"running (pid {state.get('pid')}): " + (f"busy: {busy}" if busy else
-            f"idle for {duration_text(state.get('idle_for') or 0)} of "
-            f"{cfg.get('idle_text')}"))
+    if state.get("phase"):
+        text = f"running (pid {state.get('pid')}): {state['phase']}, still sampling"
+    else:
+        text = (f"running (pid {state.get('pid')}): " + (f"busy: {busy}" if busy else
+                f"idle for {duration_text(state.get('idle_for') or 0)} of "
+                f"{cfg.get('idle_text')}"))
     if state.get("held") and state["held"] != "nothing to stop":
         text += f"; did not fire: {state['held']}"
     return text
