@@ -352,12 +352,18 @@ def test_vast_uses_the_instance_key_only_and_rearms_at_container_start(
     key = "vk-0123456789abcdef-secret"
     pod_env(host, CONTAINER_API_KEY=key)
     api.add(Instance("vast", "4242", key))
+    # the renter's own onstart (often a job in the foreground): our line goes before it
+    ssh(host, "printf '#!/bin/bash\\necho user-start >> /root/onstart.log\\n' > /root/onstart.sh")
     r = gpu_provision("-H", inv, "autostop", "--idle", "8s", "--interval", f"{INTERVAL}s",
                       "--json", home=gp_home, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     view = json.loads(r.stdout)
     assert view["reboot_text"].endswith("started again at each container start by "
                                         "/root/onstart.sh")
+    lines = ssh(host, "cat /root/onstart.sh")[1].splitlines()
+    assert lines[0] == "#!/bin/bash" and "gpu-provision autostop" in lines[1] \
+        and f"bash {view['dir']}/rearm.sh &" in lines[1] \
+        and lines[2] == "echo user-start >> /root/onstart.log"
     # the container restarts: every process ends; vast.ai's launch runs /root/onstart.sh
     boots = host.state().get("boots", 0)
     Stopper(host)()

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import Hosts, gpu_provision
 from tests.sandbox import harness
-from tests.sandbox.metadata_api import MetadataApi
+from tests.sandbox.metadata_api import MetadataApi, Webhook
 from tests.sandbox.platform_api import Instance, PlatformApi
 from tests.sandbox.remote import ssh
 
@@ -56,7 +56,8 @@ def clean(host: harness.HostInfo, gp_home: Path, tmp_path: Path) -> Iterator[Non
     ssh(host, "sed -i '/^RUNPOD_\\|^CONTAINER_\\|^VAST_\\|^LAMBDA_/d' /etc/environment; "
               f"for f in {JOBS}/*/pid; do [ -f \"$f\" ] && kill -- -$(cat \"$f\") 2>/dev/null; done; "
               f"rm -rf {JOBS} /workspace/.gpu-provision /workspace/autostop-saved "
-              "/root/autodl-fs/.gpu-provision /root/.gpu-provision/autostop*; "
+              "/root/autodl-fs/.gpu-provision /root/.gpu-provision/autostop* "
+              "/root/.gpu-provision/notify.sh /root/.gpu-provision/env; "
               "tmux kill-server 2>/dev/null; true")
     gpu(host, util="0 %", mem="3 MiB", processes=[])
 
@@ -338,3 +339,32 @@ def test_the_spend_cap_warns_then_stops_a_busy_machine(host: harness.HostInfo, g
     harness.wait_until(lambda: [c for c in host.calls()[n:] if c["tool"] == "shutdown"],
                        "the stop at the cap, though a job runs", timeout=30)
     assert "spent " in log(host, json.loads(r.stdout)["dir"])
+
+
+def test_a_webhook_receives_a_jobs_end(host: harness.HostInfo, gp_home: Path,
+                                        tmp_path: Path) -> None:
+    # the env a bootstrap would have left: a venv over the host's python (the layout `run`
+    # meets on an image with a system torch), recorded in expected.json; a pushed token
+    ssh(host, "python3 -m venv --without-pip /root/venv-gp && mkdir -p /root/.gpu-provision && "
+              "printf '{\\n \"env_prefix\": \"/root/venv-gp\",\\n \"conda_root\": "
+              "\"/root/venv-gp\"\\n}\\n' > /root/.gpu-provision/expected.json && "
+              "printf \"export HF_TOKEN='hf_SECRET0123456789'\\n\" > /root/.gpu-provision/env")
+    hook = Webhook()
+    try:
+        inv = host.inventory_with(tmp_path / "told.yaml", notify=[hook.url])
+        r = gpu_provision("-H", inv, "run", "--no-code", "--name", "nf", "--", "bash", "-c",
+                          "echo step 1 done; echo token $HF_TOKEN; exit 3", home=gp_home,
+                          cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        harness.wait_until(lambda: hook.bodies, "the webhook's message", timeout=60)
+        got = hook.bodies[0]
+        assert (got["event"], got["job"], got["exit"], got["title"]) == \
+            ("job", "nf", 3, "job nf failed (exit 3)")
+        assert got["host"] == "told" and got["job_id"].startswith("nf-")
+        assert "step 1 done" in got["log_tail"] and "token ***" in got["log_tail"]
+        assert "hf_SECRET0123456789" not in json.dumps(got)
+        assert hook.headers[0]["Content-Type"] == "application/json"
+        sent = ssh(host, "cat /root/.gpu-provision/notify.log")[1]
+        assert "target 1 (webhook: HTTP 200)" in sent and "T0K3N" not in sent  # no URL logged
+    finally:
+        hook.close()
