@@ -154,10 +154,23 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
         share: bool = False, hosts: str | None = None, nproc_per_node: int = 0,
         master_port: int = DEFAULT_PORT, master_addr: str | None = None, launcher: str = "auto",
         code: str | None = None, no_code: bool = False, exclude: Sequence[str] = (),
-        json_: bool = False) -> dict[str, Any]:
+        json_: bool = False, queue: bool = False, parallel: int | None = None) -> dict[str, Any]:
     """The `run` task's body; its help is in provision/tasks_jobs.py."""
     if hosts and has_host(c):
         raise UsageError(BOTH)
+    gpu_count = None
+    if queue:
+        if hosts:
+            raise UsageError("--queue: a host's own queue; a job over --hosts starts at once")
+        if gpus and gpus.strip().isdigit():  # --gpus N: that many free GPUs, when they are
+            gpu_count, gpus = int(gpus), None
+            if gpu_count < 1:
+                raise UsageError("--gpus 0: a queued job asks for at least one GPU (or leave "
+                                 "--gpus out: every GPU)")
+    if parallel is not None and not queue:
+        raise UsageError("--parallel limits the queue: use it with --queue")
+    if parallel is not None and parallel < 0:
+        raise UsageError("--parallel: 0 (no limit) or more")
     if no_code and (code or exclude):
         raise UsageError("--no-code sends nothing: leave out --code and --exclude, or --no-code")
     targets = targets_of(c, hosts)
@@ -182,14 +195,27 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
             specs = [replace(x, workdir=d) for x, d in zip(specs, dests, strict=True)]
         specs = [replace(x, notify_script=for_target(t))
                  for x, t in zip(specs, targets, strict=True)]
-        scripts = [remote.launch_script(x) for x in specs]
+        scripts = [remote.launch_script(x, queue, gpu_count, parallel) for x in specs]
         items = list(zip(sessions, specs, scripts, strict=True))
-        try:
-            started = on_each(items, lambda x: remote.launch(x[0].ex, x[1], x[2]))
-        except ProvisionError:
-            if len(items) > 1:  # the others would wait for the rendezvous: stop them
-                on_each(items, lambda x: _kill_quietly(x[0], job_id))
-            raise
+        if queue:
+            queued = on_each(items, lambda x: remote.submit(x[0].ex, x[2]))
+        else:
+            try:
+                started = on_each(items, lambda x: remote.launch(x[0].ex, x[1], x[2]))
+            except ProvisionError:
+                if len(items) > 1:  # the others would wait for the rendezvous: stop them
+                    on_each(items, lambda x: _kill_quietly(x[0], job_id))
+                raise
+    if queue:
+        for q in queued:
+            if json_:
+                output.print_json({"id": q.id, "host": q.host, "queued": q.position,
+                                   "workdir": q.workdir, "log": q.log})
+            else:
+                output.console.print(output.text(
+                    f"{q.host}: {q.id} queued at #{q.position}; it runs in {q.workdir} once its "
+                    f"GPUs are free (gpu-provision -H {q.host} queue)"))
+        return {"job": job_id}
     follow = how_to_follow(c, hosts, job_id)
     if json_:
         output.print_json({"id": job_id, "hosts": [x.as_json() for x in started],
@@ -366,8 +392,9 @@ def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None 
     if not all_:
         shown = []
         for h in listed:
-            ended = [j for j in h.jobs if not j.running]
-            keep = {j.id for j in ended[:SHOWN]} | {j.id for j in h.jobs if j.running}
+            ended = [j for j in h.jobs if not j.running and j.state != "queued"]
+            keep = {j.id for j in ended[:SHOWN]} | {j.id for j in h.jobs
+                                                    if j.running or j.state == "queued"}
             shown.append(replace(h, jobs=tuple(j for j in h.jobs if j.id in keep)))
             if len(ended) > SHOWN:
                 notes.append(f"{h.host}: {len(ended) - SHOWN} older job(s) not shown (--all)")

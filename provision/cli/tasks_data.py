@@ -101,6 +101,8 @@ AUTOSTOP_HELP = {
     "idle": "stop after the GPUs and our jobs have been idle this long (default 30m; e.g. 5s)",
     "interval": "how often the watchdog samples (default 60s)",
     "after_job": "arm only once this job (of `run`) has run and ended",
+    "after_queue": "arm only once the host's job queue (run --queue) has run: the machine stops "
+                   "when the queue is empty and its last job ended (with --idle after)",
     "action": "stop | shutdown | terminate | none (default: the platform's; terminate only when "
               "given explicitly; none stops nothing, and still watches for the preemption "
               "notice and the spend cap's warning)",
@@ -135,6 +137,7 @@ AUTOSTOP_HELP = {
 @reports_errors
 def autostop(c: Context, idle: str = DEFAULT_IDLE,
              interval: str = DEFAULT_INTERVAL, after_job: str | None = None,
+             after_queue: bool = False,
              action: str | None = None, save: str | None = None, save_to: str | None = None,
              instance_id: str | None = None, gpu_util: int = 5, gpu_mem: int = 512,
              stop_wait: str = "5m", wait_for: str = "jobs_and_ssh", hook: str | None = None,
@@ -179,6 +182,7 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
             hook_timeout=parse_duration(hook_timeout, "--hook-timeout"), save_rate=save_rate,
             cpu_busy=cpu_busy, io_busy=io_busy, preemption=preemption,
             metadata=metadata_address, max_spend=target.settings.get("max_spend"),
+            after_queue=after_queue,
             price_per_hour=target.settings.get("price_per_hour"))
         autostop_mod.validate(req)
     with session(target, Store.here(), _notify) as s:

@@ -86,6 +86,7 @@ class Request:
     metadata: str = METADATA  # host[:port] of the instance metadata service
     max_spend: float | None = None  # the cap since the machine started (inventory max_spend:)
     price_per_hour: float | None = None  # the inventory's, for the cap
+    after_queue: bool = False  # armed only once the host's job queue has run (and is empty)
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,7 @@ def watchdog_script(dec: Decision, req: Request, platform: Platform) -> str:
                   **_keep_values(dec), hook=req.hook or "",
                   hook_timeout=int(round(req.hook_timeout)), preempt=dec.preempt,
                   metadata=req.metadata, price=_num(req.price_per_hour),
+                  after_queue=req.after_queue,
                   max_spend=_num(req.max_spend))
 
 
@@ -299,7 +301,7 @@ def config(dec: Decision, req: Request) -> dict[str, Any]:
             "wait_for": req.wait_for, "hook": req.hook, "hook_timeout": int(req.hook_timeout),
             "preempt": dec.preempt, "keep_base": dec.keep_base, "cpu_busy": req.cpu_busy,
             "io_busy": req.io_busy, "max_spend": req.max_spend,
-            "price_per_hour": req.price_per_hour}
+            "price_per_hour": req.price_per_hour, "after_queue": req.after_queue}
 
 
 def _ctl(mode: str, **values: Any) -> str:

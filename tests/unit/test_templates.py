@@ -105,6 +105,8 @@ def test_every_template_is_covered() -> None:
                        "jobs/follow.sh.j2", "jobs/_jobs.sh.j2", "jobs/job_launch.sh.j2", "jobs/job_wrapper.sh.j2",
                        "jobs/job_kill.sh.j2", "jobs/job_where.sh.j2", "jobs/jobs_list.sh.j2",
                        "jobs/watch_sampler.sh.j2",
+                       # the queue: tests/unit/test_queue.py, tests/sandbox/test_queue.py
+                       "jobs/_queue.sh.j2", "jobs/queue_runner.sh.j2", "jobs/queue_ctl.sh.j2",
                        "setup/fabricmanager.sh.j2",
                        # data and money: tests/unit/test_sync.py, test_autostop.py
                        "sync/sync_list.sh.j2", "sync/sync_host.sh.j2", "sync/sync_watch.sh.j2",
