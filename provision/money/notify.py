@@ -16,6 +16,7 @@ from ..config.validators import notify_targets
 from ..errors import ProvisionError
 from ..remote.templating import render
 
+
 def script(targets: Iterable[str], host_name: str) -> str:
     """``notify.sh`` for these targets ("" when there are none; the inventory checked them:
     ``config.validators.notify_targets``). Every value push_env put on the host is masked in

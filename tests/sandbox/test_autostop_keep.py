@@ -201,7 +201,8 @@ def test_a_symlinked_save_is_copied_as_its_content_and_a_missing_one_holds_the_s
               "echo opt > /root/outside; ln -s /root/outside /root/scratch/ckpt/sub/optim.pt; "
               "ln -s /root/scratch/ckpt /root/ckpt")
     linked = pod(host, api, "podlink", mode="noop")
-    r = autostop(host, inv, gp_home, tmp_path, "--save", "/root/ckpt", "--json")
+    r = autostop(host, inv, gp_home, tmp_path, "--save", "/root/ckpt", "--hook",
+                 "echo pushed the code", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     where = json.loads(r.stdout)["dir"]
     harness.wait_until(lambda: stops(api, "podlink"), "the stop", timeout=60)
@@ -212,7 +213,10 @@ def test_a_symlinked_save_is_copied_as_its_content_and_a_missing_one_holds_the_s
     text = log(host, where)
     assert "saved: 2 files, 200004 bytes, each checked (size and sha256) in " \
         "/workspace/autostop-saved, flushed" in text
-    assert text.index("saved: 2 files") < text.index("POST https://api.runpod.io/v2/pods/podlink")
+    # the hook first (its output in the log), then the checked save, then the stop
+    assert text.index("hook: pushed the code") < text.index("saved: 2 files") < \
+        text.index("POST https://api.runpod.io/v2/pods/podlink")
+    assert state(host, where)["hook_result"].startswith("exit 0 after ")
     assert linked.stopped is False and api.violations == []
 
 
@@ -270,11 +274,21 @@ def test_busy_as_the_renter_means_it(host: harness.HostInfo, gp_home: Path,
     try:
         client.exec_command("sleep 60", get_pty=True)
         busy_with(host, where, "an SSH login is open (root@pts/")
+        assert [c for c in host.calls()[n:] if c["tool"] == "shutdown"] == []
+        # --wait-for jobs: a login does not hold the machine up
+        r = autostop(host, host.inventory, gp_home, tmp_path, "--wait-for", "jobs")
+        assert r.returncode == 0, r.stdout + r.stderr
+        harness.wait_until(lambda: [c for c in host.calls()[n:] if c["tool"] == "shutdown"],
+                           "the shutdown with a login open", timeout=60)
     finally:
         client.close()
-    assert [c for c in host.calls()[n:] if c["tool"] == "shutdown"] == []
-    harness.wait_until(lambda: [c for c in host.calls()[n:] if c["tool"] == "shutdown"],
-                       "the shutdown once idle", timeout=60)
+    # --wait-for gpu: the GPUs alone; a job of ours that leaves them idle does not count
+    m = len(host.calls())
+    job(host, "cpu-only")
+    r = autostop(host, host.inventory, gp_home, tmp_path, "--wait-for", "gpu")
+    assert r.returncode == 0, r.stdout + r.stderr
+    harness.wait_until(lambda: [c for c in host.calls()[m:] if c["tool"] == "shutdown"],
+                       "the shutdown beside a job that does not use the GPUs", timeout=60)
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
@@ -368,3 +382,50 @@ def test_a_webhook_receives_a_jobs_end(host: harness.HostInfo, gp_home: Path,
         assert "target 1 (webhook: HTTP 200)" in sent and "T0K3N" not in sent  # no URL logged
     finally:
         hook.close()
+
+
+def test_lambda_finds_its_instance_by_its_address_and_checks_an_env_id(
+        host: harness.HostInfo, api: PlatformApi, gp_home: Path, tmp_path: Path) -> None:
+    key = "secret_lambda_addr"
+    api.add(Instance("lambda", "aa11", key, ip="127.0.0.250"))  # another machine of the account
+    mine = api.add(Instance("lambda", "bb22", key, ip=host.host, mode="noop"))
+    inv = host.inventory_with(tmp_path / "lambda.yaml", platform="lambda",
+                              push_env=["LAMBDA_API_KEY"])
+    env = {"LAMBDA_API_KEY": key}
+    # an id from the environment is looked up like one given: another machine's is refused
+    ssh(host, "echo LAMBDA_INSTANCE_ID=aa11 >> /etc/environment")
+    r = gpu_provision("-H", inv, "autostop", "--action", "terminate", "--idle", "1h",
+                      home=gp_home, cwd=tmp_path, env=env)
+    assert r.returncode == 1 and "instance aa11 (LAMBDA_INSTANCE_ID) is the machine at " \
+        "127.0.0.250, not this host" in r.stderr
+    # none given: the account's instance whose address is this host's, and the watchdog uses it
+    ssh(host, "sed -i '/^LAMBDA_/d' /etc/environment")
+    r = gpu_provision("-H", inv, "autostop", "--action", "terminate", "--idle", f"{IDLE}s",
+                      "--interval", f"{INTERVAL}s", "--json", home=gp_home, cwd=tmp_path,
+                      env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    harness.wait_until(lambda: stops(api, "bb22"), "the terminate", timeout=60)
+    assert json.loads(stops(api, "bb22")[0].body) == {"instance_ids": ["bb22"]}
+    assert stops(api, "aa11") == [] and mine.stopped is False and api.violations == []
+
+
+@pytest.mark.parametrize("mode,then", [("429", "the stop after Retry-After"),
+                                       ("503", "the stop after a server error"),
+                                       ("409", "a 409 shown, retried")])
+def test_answers_a_retry_can_change(host: harness.HostInfo, api: PlatformApi, gp_home: Path,
+                                    tmp_path: Path, mode: str, then: str) -> None:
+    inv = host.inventory_with(tmp_path / "pod.yaml", platform="runpod")
+    ssh(host, "mkdir -p /root/ckpt && echo w > /root/ckpt/w.pt")
+    pod(host, api, f"pod{mode}x", mode=mode)
+    r = autostop(host, inv, gp_home, tmp_path, "--save", "/root/ckpt", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    where = json.loads(r.stdout)["dir"]
+    if mode == "409":
+        harness.wait_until(lambda: "HTTP 409" in state(host, where).get("last_failure", ""),
+                           then, timeout=60)
+        harness.wait_until(lambda: len(stops(api, f"pod{mode}x")) >= 2, then, timeout=60)
+        assert not state(host, where).get("dead")  # not given up: the pod's state may change
+    else:  # curl tries again (429 after its Retry-After), and the second answer is the pod
+        harness.wait_until(lambda: state(host, where).get("stopping_since"), then, timeout=60)
+        assert [c.status for c in stops(api, f"pod{mode}x")][:2] == [int(mode), 200]
+    assert api.violations == []
