@@ -226,6 +226,10 @@ CLOUDS = [
      "powered off are still billable"),
     ({"sys_vendor": "Amazon EC2", "product_name": "g5.xlarge", "life_cycle": "spot"}, "AWS",
      "one-time Spot instance is terminated when it shuts down"),
+    ({"sys_vendor": "Hetzner", "product_name": "vServer"}, "Hetzner Cloud",
+     "billed as long as it exists"),
+    ({"sys_vendor": "Vultr"}, "Vultr", "billing continues unless the instance is deleted"),
+    ({"sys_vendor": "Scaleway"}, "Scaleway", "powered on or in standby"),
 ]
 
 
@@ -240,6 +244,15 @@ def test_a_shutdown_that_leaves_the_vm_billed_or_deleted_is_refused(
         autostop.check_probe(d, p, probe, "box")
     assert str(err.value).startswith("box: autostop not set: ") and why in str(err.value)
     assert cloud in str(err.value) or cloud == "AWS"
+
+
+def test_on_oracle_cloud_a_shutdown_is_set_and_no_saving_promised() -> None:
+    p = PLATFORMS["generic-vm"]
+    d = autostop.decide(p, autostop.Request(), "/root")
+    oci = autostop.check_probe(d, p, {"dmi": {"chassis_asset_tag": "OracleCloud.com"},
+                                      "gpu_ok": True}, "box")
+    assert oci.billing_ends is None and any("is_billed_for_stopped_instance" in n
+                                            for n in oci.notes)
 
 
 def test_where_a_shutdown_ends_the_bill_cost_promises_the_saving_and_only_there() -> None:
