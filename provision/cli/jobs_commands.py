@@ -48,6 +48,7 @@ from ..sync.plan import human
 from ..sync.transfer import Options as SyncOptions
 from ..sync.transfer import sync_up
 from ..ui import console as output
+from .queue_commands import queue_gpus, show_queued
 from .taskkit import ONE_HOST, has_host, target_of
 from .taskkit import notify as _notify
 
@@ -158,19 +159,11 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
     """The `run` task's body; its help is in provision/tasks_jobs.py."""
     if hosts and has_host(c):
         raise UsageError(BOTH)
-    gpu_count = None
-    if queue:
-        if hosts:
-            raise UsageError("--queue: a host's own queue; a job over --hosts starts at once")
-        if gpus and gpus.strip().isdigit():  # --gpus N: that many free GPUs, when they are
-            gpu_count, gpus = int(gpus), None
-            if gpu_count < 1:
-                raise UsageError("--gpus 0: a queued job asks for at least one GPU (or leave "
-                                 "--gpus out: every GPU)")
+    gpu_count = queue_gpus(gpus, hosts, parallel) if queue else None
+    if gpu_count is not None:
+        gpus = None  # --gpus N: that many free GPUs, when they are
     if parallel is not None and not queue:
         raise UsageError("--parallel limits the queue: use it with --queue")
-    if parallel is not None and parallel < 0:
-        raise UsageError("--parallel: 0 (no limit) or more")
     if no_code and (code or exclude):
         raise UsageError("--no-code sends nothing: leave out --code and --exclude, or --no-code")
     targets = targets_of(c, hosts)
@@ -207,14 +200,7 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
                     on_each(items, lambda x: _kill_quietly(x[0], job_id))
                 raise
     if queue:
-        for q in queued:
-            if json_:
-                output.print_json({"id": q.id, "host": q.host, "queued": q.position,
-                                   "workdir": q.workdir, "log": q.log})
-            else:
-                output.console.print(output.text(
-                    f"{q.host}: {q.id} queued at #{q.position}; it runs in {q.workdir} once its "
-                    f"GPUs are free (gpu-provision -H {q.host} queue)"))
+        show_queued(queued, json_)
         return {"job": job_id}
     follow = how_to_follow(c, hosts, job_id)
     if json_:

@@ -5,6 +5,7 @@ Wiring only."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from invoke.context import Context
@@ -17,6 +18,31 @@ from ..store import Store
 from ..ui import console as output
 from .taskkit import notify as _notify
 from .taskkit import target_of
+
+
+def queue_gpus(gpus: str | None, hosts: str | None, parallel: int | None) -> int | None:
+    """`run --queue`'s checks; the GPU count ``--gpus N`` asks for (None: indexes or all)."""
+    if hosts:
+        raise UsageError("--queue: a host's own queue; a job over --hosts starts at once")
+    if parallel is not None and parallel < 0:
+        raise UsageError("--parallel: 0 (no limit) or more")
+    if gpus and gpus.strip().isdigit():
+        if int(gpus) < 1:
+            raise UsageError("--gpus 0: a queued job asks for at least one GPU (or leave "
+                             "--gpus out: every GPU)")
+        return int(gpus)
+    return None
+
+
+def show_queued(queued: Sequence[remote.Queued], json_: bool) -> None:
+    for q in queued:
+        if json_:
+            output.print_json({"id": q.id, "host": q.host, "queued": q.position,
+                               "workdir": q.workdir, "log": q.log})
+        else:
+            output.console.print(output.text(
+                f"{q.host}: {q.id} queued at #{q.position}; it runs in {q.workdir} once its "
+                f"GPUs are free (gpu-provision -H {q.host} queue)"))
 
 
 def queue(c: Context, move: str | None = None, to: int = 0, drop: str | None = None,
