@@ -24,6 +24,7 @@ from provision.cli.tasks_host import (  # noqa: F401
     pick,
     plan,
     prune,
+    queue,
     refresh_compat,
     repin,
     run,

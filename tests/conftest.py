@@ -70,6 +70,9 @@ HEAVIEST_FIRST = (
     "sandbox/test_logins.py",  # 265 s alone while 8 other test processes ran (two sudo driver
     # installs with a reboot, one full bootstrap as a login without sudo)
     "sandbox/test_autostop.py",  # 376 s (many idle periods and stops, on a busy machine)
+    "sandbox/test_autostop_keep.py",  # ~300 s (saves, busy signals, three preemption
+    # notices, the spend cap; 434 s at a load of 6-10 on 2 cores)
+    "sandbox/test_queue.py",  # 70 s (five queued jobs on a two-GPU host)
     "sandbox/test_image_logins.py",  # 119 s (two fresh hosts, each with a torch installed
     # from the mirror as an image or a login put it; 297 s on a first run beside other work)
     "sandbox/test_image_pythons.py",  # 190 s (three fresh hosts, each with a torch from the

@@ -40,6 +40,7 @@ from ..jobs.spec import (
     validation_env,
 )
 from ..jobs.state import HostJobs
+from ..money.notify import for_target
 from ..remote.executor import Executor
 from ..setup.session import Session, open_executor
 from ..store import Store, run_id
@@ -48,6 +49,7 @@ from ..sync.plan import human
 from ..sync.transfer import Options as SyncOptions
 from ..sync.transfer import sync_up
 from ..ui import console as output
+from .queue_commands import queue_gpus, show_queued
 from .taskkit import ONE_HOST, has_host, host_target, target_of
 from .taskkit import notify as _notify
 
@@ -151,10 +153,15 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
         share: bool = False, hosts: str | None = None, nproc_per_node: int = 0,
         master_port: int = DEFAULT_PORT, master_addr: str | None = None, launcher: str = "auto",
         code: str | None = None, no_code: bool = False, exclude: Sequence[str] = (),
-        json_: bool = False) -> dict[str, Any]:
+        json_: bool = False, queue: bool = False, parallel: int | None = None) -> dict[str, Any]:
     """The `run` task's body; its help is in provision/tasks_jobs.py."""
     if hosts and has_host(c):
         raise UsageError(BOTH)
+    gpu_count = queue_gpus(gpus, hosts, parallel) if queue else None
+    if gpu_count is not None:
+        gpus = None  # --gpus N: that many free GPUs, when they are
+    if parallel is not None and not queue:
+        raise UsageError("--parallel limits the queue: use it with --queue")
     if no_code and (code or exclude):
         raise UsageError("--no-code sends nothing: leave out --code and --exclude, or --no-code")
     targets = targets_of(c, hosts)
@@ -177,14 +184,22 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
         if folder is not None:  # the code first: the job's working folder is where it landed
             dests = on_each(sessions, lambda s: send_code(s, folder, workdir, exclude))
             specs = [replace(x, workdir=d) for x, d in zip(specs, dests, strict=True)]
-        scripts = [remote.launch_script(x) for x in specs]
+        specs = [replace(x, notify_script=for_target(t))
+                 for x, t in zip(specs, targets, strict=True)]
+        scripts = [remote.launch_script(x, queue, gpu_count, parallel) for x in specs]
         items = list(zip(sessions, specs, scripts, strict=True))
-        try:
-            started = on_each(items, lambda x: remote.launch(x[0].ex, x[1], x[2]))
-        except ProvisionError:
-            if len(items) > 1:  # the others would wait for the rendezvous: stop them
-                on_each(items, lambda x: _kill_quietly(x[0], job_id))
-            raise
+        if queue:
+            queued = on_each(items, lambda x: remote.submit(x[0].ex, x[2]))
+        else:
+            try:
+                started = on_each(items, lambda x: remote.launch(x[0].ex, x[1], x[2]))
+            except ProvisionError:
+                if len(items) > 1:  # the others would wait for the rendezvous: stop them
+                    on_each(items, lambda x: _kill_quietly(x[0], job_id))
+                raise
+    if queue:
+        show_queued(queued, json_)
+        return {"job": job_id}
     follow = how_to_follow(c, hosts, job_id)
     if json_:
         output.print_json({"id": job_id, "hosts": [x.as_json() for x in started],
@@ -372,8 +387,9 @@ def jobs(c: Context, json_: bool = False, all_: bool = False, hosts: str | None 
     if not all_:
         shown = []
         for h in listed:
-            ended = [j for j in h.jobs if not j.running]
-            keep = {j.id for j in ended[:SHOWN]} | {j.id for j in h.jobs if j.running}
+            ended = [j for j in h.jobs if not j.running and j.state != "queued"]
+            keep = {j.id for j in ended[:SHOWN]} | {j.id for j in h.jobs
+                                                    if j.running or j.state == "queued"}
             shown.append(replace(h, jobs=tuple(j for j in h.jobs if j.id in keep)))
             if len(ended) > SHOWN:
                 notes.append(f"{h.host}: {len(ended) - SHOWN} older job(s) not shown (--all)")

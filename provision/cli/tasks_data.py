@@ -101,8 +101,11 @@ AUTOSTOP_HELP = {
     "idle": "stop after the GPUs and our jobs have been idle this long (default 30m; e.g. 5s)",
     "interval": "how often the watchdog samples (default 60s)",
     "after_job": "arm only once this job (of `run`) has run and ended",
-    "action": "stop | shutdown | terminate (default: the platform's; terminate only when "
-              "given explicitly)",
+    "after_queue": "arm only once the host's job queue (run --queue) has run: the machine stops "
+                   "when the queue is empty and its last job ended (with --idle after)",
+    "action": "stop | shutdown | terminate | none (default: the platform's; terminate only when "
+              "given explicitly; none stops nothing, and still watches for the preemption "
+              "notice and the spend cap's warning)",
     "save": "a checkpoint folder on the host (relative: under the data dir) to copy to the "
             "platform's persistent storage before the stop",
     "save_to": "where --save goes instead of the platform's persistent storage",
@@ -112,6 +115,18 @@ AUTOSTOP_HELP = {
     "gpu_mem": "a GPU holding more than this many MiB is busy (default 512)",
     "stop_wait": "the machine still up this long after its stop was accepted: the stop failed, "
                  "and is tried again (default 5m)",
+    "wait_for": "what counts as activity besides the GPUs: jobs_and_ssh (default: our jobs, tmux "
+                "panes, busy processes and downloads, an open SSH login, a forward, VS Code), "
+                "jobs (the same without SSH), gpu (the GPUs alone)",
+    "hook": "a command run (bash -lc, in the home) before any stop the watchdog makes and "
+            "within a preemption notice, e.g. 'git -C ~/code push'",
+    "hook_timeout": "how long --hook may take (default 5m)",
+    "save_rate": "cap the copy of --save at this many KiB/s (default: no cap)",
+    "cpu_busy": "a process (or all together) above this % of one CPU is busy (default 20)",
+    "io_busy": "processes reading or writing more than this many KiB/s are busy (default 1024)",
+    "preemption": "auto (default: on an AWS, GCP or Azure Spot machine), aws, gcp, azure or "
+                  "off: whose preemption notice sends SIGINT to our jobs and runs --hook",
+    "metadata_address": "the instance metadata service, HOST[:PORT] (default 169.254.169.254)",
     "cancel": "remove the watchdog",
     "status": "show what is set and the watchdog's last sample",
     "json": "print the result as JSON",
@@ -122,16 +137,23 @@ AUTOSTOP_HELP = {
 @reports_errors
 def autostop(c: Context, idle: str = DEFAULT_IDLE,
              interval: str = DEFAULT_INTERVAL, after_job: str | None = None,
+             after_queue: bool = False,
              action: str | None = None, save: str | None = None, save_to: str | None = None,
              instance_id: str | None = None, gpu_util: int = 5, gpu_mem: int = 512,
-             stop_wait: str = "5m", cancel: bool = False, status: bool = False,
-             json_: bool = False) -> None:
+             stop_wait: str = "5m", wait_for: str = "jobs_and_ssh", hook: str | None = None,
+             hook_timeout: str = "5m", save_rate: int = 0, cpu_busy: int = 20,
+             io_busy: int = 1024, preemption: str = "auto",
+             metadata_address: str = "169.254.169.254", cancel: bool = False,
+             status: bool = False, json_: bool = False) -> None:
     """Stop the machine by itself once its GPUs sit idle (an on-host watchdog, no laptop needed).
 
-    The watchdog calls the platform's own stop once no job of ours has run and the GPUs have
-    been idle (utilisation and memory) for the period, after copying --save to the platform's
-    persistent storage. What the stop keeps and still bills is shown; a stop that deletes data
-    is refused unless --action terminate is given.
+    The watchdog calls the platform's own stop once nothing has been busy for the period (the
+    GPUs, our jobs and queue, busy processes, downloads, SSH logins: --wait-for), after --hook
+    and after copying --save onto storage the stop keeps, checked file by file and flushed; a
+    job started meanwhile keeps the machine up. What the stop keeps and still bills is shown; a
+    stop that deletes data is refused unless --action terminate is given, and a --save that
+    would land on the disk it deletes is refused. The inventory's max_spend: caps the spend
+    since the machine started (price_per_hour: a word at 80%, the action at 100%).
 
     Example: gpu-provision -H my-4090 autostop --idle 30m --save /root/autodl-tmp/ckpt
     """
@@ -140,6 +162,7 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
     from ..config.secrets import digest, push_values
     from ..money import autostop as autostop_mod
     from ..money.autostop import parse_duration
+    from ..money.notify import for_target
     from ..ops.layout import expand_home
     from ..ops.secrets import secrets_step
     from ..setup.engine import run_step
@@ -155,7 +178,12 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
             idle=parse_duration(idle, "--idle"), interval=parse_duration(interval, "--interval"),
             after_job=after_job, action=action, save=save, save_to=save_to,
             instance_id=instance_id, util_max=gpu_util, mem_max_mib=gpu_mem,
-            stop_wait=parse_duration(stop_wait, "--stop-wait"))
+            stop_wait=parse_duration(stop_wait, "--stop-wait"), wait_for=wait_for, hook=hook,
+            hook_timeout=parse_duration(hook_timeout, "--hook-timeout"), save_rate=save_rate,
+            cpu_busy=cpu_busy, io_busy=io_busy, preemption=preemption,
+            metadata=metadata_address, max_spend=target.settings.get("max_spend"),
+            after_queue=after_queue,
+            price_per_hour=target.settings.get("price_per_hour"))
         autostop_mod.validate(req)
     with session(target, Store.here(), _notify) as s:
         if cancel:
@@ -180,7 +208,10 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
                 step = secrets_step(facts, values, digest(values))
                 if step.body is not None:  # None: these values are on the host already
                     run_step(s.ex, step, s.run, output.console)
-            autostop_mod.install(s.ex, decision, req, platform, _addresses(target.host))
+            done = autostop_mod.install(s.ex, decision, req, platform, _addresses(target.host),
+                                        for_target(target))
+            for w in done.get("warnings") or []:
+                _notify(f"autostop: {target.name}: warning: {w}")
         view = autostop_mod.status_view(target.name, autostop_mod.raw_status(s.ex),
                                         platform)
     if json_:

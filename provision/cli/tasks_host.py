@@ -424,7 +424,7 @@ from .tasks_cancel import cancel  # noqa: E402,F401
 from .tasks_data import autostop, cost, prune, sync  # noqa: E402,F401
 from .tasks_fit import fit  # noqa: E402,F401
 from .tasks_hands import forget_login, forward, shell, ssh_config  # noqa: E402,F401
-from .tasks_jobs import jobs, kill, logs, run, watch  # noqa: E402,F401
+from .tasks_jobs import jobs, kill, logs, queue, run, watch  # noqa: E402,F401
 from .tasks_keep import keepers  # noqa: E402,F401
 from .tasks_offline import compare, pick, refresh_compat  # noqa: E402,F401
 from .tasks_report import report as report_task  # noqa: E402,F401  (the task is named report)

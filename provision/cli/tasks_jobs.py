@@ -32,6 +32,11 @@ RUN_HELP = {
     "exclude": "leave out of the code files matching this rsync-style pattern (repeatable), "
                "besides what .gitignore leaves out, e.g. 'data/'",
     "json": "print what was started as JSON",
+    "queue": "put the job in the host's queue: it starts once the GPUs it asks for are free "
+             "(--gpus N: that many free GPUs, lowest indexes first; --gpus 0,1: those), with "
+             "its code as it is now; `queue` shows, moves and drops queued jobs",
+    "parallel": "with --queue: at most this many jobs of the queue at once from now on (default: "
+                "as many as the GPUs allow)",
 }
 
 
@@ -41,7 +46,7 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
         share: bool = False, hosts: str | None = None, nproc_per_node: int = 0,
         master_port: int = DEFAULT_PORT, master_addr: str | None = None, launcher: str = "auto",
         code: str | None = None, no_code: bool = False, exclude: list[str] | None = None,
-        json_: bool = False) -> dict[str, Any]:
+        json_: bool = False, queue: bool = False, parallel: int = -1) -> dict[str, Any]:
     """Send the code, start a job detached from SSH in the bootstrapped env, return at once.
 
     The current folder (or --code DIR) goes to the host first, through sync up: what .gitignore
@@ -58,7 +63,8 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
     return commands.run(c, name=name, gpus=gpus, workdir=workdir, share=share, hosts=hosts,
                         nproc_per_node=nproc_per_node, master_port=master_port,
                         master_addr=master_addr, launcher=launcher, code=code, no_code=no_code,
-                        exclude=tuple(exclude or ()), json_=json_)
+                        exclude=tuple(exclude or ()), json_=json_, queue=queue,
+                        parallel=None if parallel < 0 else parallel)
 
 
 LOGS_HELP = {
@@ -135,6 +141,28 @@ def watch(c: Context, once: bool = False, json_: bool = False, interval: int = 2
     from . import jobs_commands as commands
     commands.watch(c, once=once, json_=json_, interval=interval, samples=samples,
                    idle_minutes=idle_minutes, hosts=hosts)
+
+
+QUEUE_HELP = {
+    "move": "a queued job (its id, name or the start of its id) to move; with --to",
+    "to": "the position --move puts it at (1: next to start)",
+    "drop": "a queued job to take out of the queue (its folder stays)",
+    "parallel": "at most this many jobs of the queue at once (0: as many as the GPUs allow)",
+    "json": "print the queue as JSON",
+}
+
+
+@task(help=QUEUE_HELP)
+@reports_errors
+def queue(c: Context, move: str | None = None, to: int = 0, drop: str | None = None,
+          parallel: int = -1, json_: bool = False) -> None:
+    """The host's job queue (`run --queue`): its jobs in order; move or drop one; the parallel
+    limit. The queue lives on the host and starts each job once its GPUs are free.
+
+    Example: gpu-provision -H my-4090 queue --move sweep-3 --to 1
+    """
+    from . import queue_commands as commands
+    commands.queue(c, move=move, to=to, drop=drop, parallel=parallel, json_=json_)
 
 
 # shown together: one view of every -H host (not one run per host)

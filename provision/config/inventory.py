@@ -42,6 +42,11 @@ INVENTORY_SCHEMA = {
     "recipe": Check(str, v.name),
     "price_per_hour": float,
     "currency": str,
+    # the spend cap since the machine started, in that currency (autostop acts at 100%)
+    "max_spend": Check(float, lambda x: None if x > 0 else f"{x}: a positive amount"),
+    # where a word goes when a job ends, autostop fires or fails, a preemption comes
+    # (provision/money/notify.py): webhook URLs, ntfy:URL, mailto:ADDRESS, command:CMD
+    "notify": Check([str], v.notify_targets),
     "gpu": Check(str, v.gpu_claim),
     "python": Check(str, v.python_version),
     "torch": Check(str, v.torch_spec),
@@ -280,6 +285,8 @@ class Settings:
     gpu: str | None = None
     price_per_hour: float | None = None
     currency: str | None = None
+    max_spend: float | None = None  # autostop acts when the spend since the start reaches it
+    notify: tuple[str, ...] = ()  # where a word goes (provision/money/notify.py)
     validation: Mapping[str, float] = field(default_factory=dict)
     # key -> (layer, how it was set): which layer asked for it, named so a message can say what
     # changes it ("command line", "--python"), ("inventory", "python: in box.yaml") or

@@ -79,6 +79,15 @@ STOP_ACTION_SCHEMA = {
     "bills": str,
     "deletes": Check(str, v.one_of("nothing", "outside-persistent", "everything")),
     "refused": str,  # why this action must never be used here
+    # storage this action does not delete, as mount points (a glob: * matches any run of
+    # characters, / included): a --save before it must land on a separate mount there, else it
+    # is refused. keeps_env: a variable the platform sets only when that storage is attached
+    # (RunPod's RUNPOD_VOLUME_ID); keeps_fstypes: the only filesystem types that count (a
+    # network filesystem), else any but a container's own (overlay, tmpfs, ...)
+    "keeps_paths": Check([str], lambda xs: next((f"{x!r}: a mount point, e.g. /workspace"
+                                                 for x in xs if not x.startswith("/")), None)),
+    "keeps_env": Check(str, v.env_var),
+    "keeps_fstypes": [str],
 }
 
 AUTOSTOP_SCHEMA = {
@@ -91,6 +100,9 @@ AUTOSTOP_SCHEMA = {
     # asked at install for the instance {id} names; its "ip" must be this host's
     "instance_lookup": Check(str, _http_request),
     "rearm_file": Check(str, v.abs_path),  # a script the platform runs at each container start
+    # the platform sets the instance id (and its key) in PID 1's environment: read them there
+    # first, and refuse an --instance-id that names another instance
+    "id_injected": bool,
     "rearm_hint": str,  # how to re-arm after a restart where nothing of ours runs by itself
     "note": str,
     "stop": STOP_ACTION_SCHEMA,
@@ -165,6 +177,9 @@ class StopAction:
     bills: str = ""
     deletes: str = "nothing"  # nothing | outside-persistent | everything
     refused: str | None = None
+    keeps_paths: tuple[str, ...] = ()
+    keeps_env: str | None = None
+    keeps_fstypes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -180,6 +195,7 @@ class StopProfile:
     instance_lookup: str | None = None
     rearm_file: str | None = None
     rearm_hint: str = ""
+    id_injected: bool = False
     note: str = ""
     actions: Mapping[str, StopAction] = field(default_factory=dict)
 

@@ -31,6 +31,22 @@ def url(value: str) -> str | None:
     return None
 
 
+def notify_targets(values: list[str]) -> str | None:
+    """The inventory's notify: targets (provision/money/notify.py says what each does)."""
+    for value in values:
+        v = value.strip()
+        if v.startswith("mailto:"):
+            if not re.fullmatch(r"mailto:[^@\s]+@[^@\s]+", v):
+                return f"{value!r}: write mailto:you@example.com"
+        elif v.startswith("command:"):
+            if not v[8:].strip():
+                return f"{value!r}: write command:CMD"
+        elif not re.fullmatch(r"https?://[^\s/]+(/\S*)?", v.removeprefix("ntfy:")):
+            return (f"{value!r}: a webhook URL (https://...), ntfy:https://ntfy.sh/TOPIC, "
+                    "mailto:ADDRESS or command:CMD")
+    return None
+
+
 def urls(values: str | list[str]) -> str | None:
     """One URL, or a list tried in order (the first that answers is used)."""
     if isinstance(values, str):

@@ -44,11 +44,53 @@ def wrapper_script(spec: JobSpec) -> str:
     return render("jobs/job_wrapper.sh.j2", id=spec.id, argv=spec.argv, env=dict(spec.env))
 
 
-def launch_script(spec: JobSpec) -> str:
+def launch_script(spec: JobSpec, queue: bool = False, gpu_count: int | None = None,
+                  parallel: int | None = None) -> str:
+    """The start of a job; ``queue``: into the host's queue instead (it starts when the GPUs it
+    asks for are free: ``gpu_count`` of them, else ``spec.gpus``, else all), with at most
+    ``parallel`` jobs of the queue at once from now on (None: as it was)."""
+    if gpu_count is not None:
+        queued = f"count {gpu_count}"
+    elif spec.gpus is not None:
+        queued = "ids " + ",".join(map(str, spec.gpus))
+    else:
+        queued = "all"
     return render("jobs/job_launch.sh.j2", id=spec.id, name=spec.name, argv=spec.argv, gpus=spec.gpus,
                   workdir=spec.workdir, share=spec.share, spec_json=spec.spec_json(),
                   data_dirs=spec.data_dirs, wrapper=wrapper_script(spec), launcher=spec.launcher,
-                  files=spec.files, sent=spec.sent)
+                  files=spec.files, sent=spec.sent, notify_script=spec.notify_script,
+                  queue=queue, gpu_count=gpu_count, queued=queued, parallel=parallel,
+                  queue_runner=render("jobs/queue_runner.sh.j2") if queue else "")
+
+
+@dataclass(frozen=True)
+class Queued:
+    host: str
+    id: str
+    position: int
+    workdir: str
+    log: str
+
+
+def submit(ex: Executor, script: str) -> Queued:
+    """Put a job in the host's queue (the rendered ``launch_script(spec, queue=True)``)."""
+    r = run_foreground(ex, "run", script, again="run --queue")
+    got: Mapping[str, Any] = r.result if isinstance(r.result, Mapping) else {}
+    if got.get("error") or not got.get("id"):
+        raise ProvisionError(f"{ex.host}: {got.get('error') or f'the queue reported {r.result!r}'}")
+    return Queued(ex.host, str(got["id"]), int(got.get("queued") or 0),
+                  str(got.get("workdir") or ""), str(got.get("log") or ""))
+
+
+def queue_ctl(ex: Executor, mode: str, job: str = "", to: int = 0, parallel: int = 0
+              ) -> Mapping[str, Any]:
+    """The host's queue: list, move JOB TO, drop JOB, parallel N (templates/jobs/queue_ctl)."""
+    body = render("jobs/queue_ctl.sh.j2", mode=mode, job=job, to=str(to), parallel=str(parallel))
+    r = run_foreground(ex, "queue", body, again="queue")
+    got: Mapping[str, Any] = r.result if isinstance(r.result, Mapping) else {}
+    if got.get("error") or "queued" not in got:
+        raise ProvisionError(f"{ex.host}: queue: {got.get('error') or r.result!r}")
+    return got
 
 
 def _not_found(exc: RemoteError) -> ProvisionError:

@@ -37,6 +37,7 @@ class JobSpec:
     hosts: tuple[str, ...] = ()  # every host of a multi-host job, rank order
     files: tuple[str, ...] = ()  # script files the command names: must exist in the workdir
     sent: str = ""  # the local folder sent as the job's code ("" when none was)
+    notify_script: str = ""  # ~/.gpu-provision/notify.sh for the inventory's notify: ("" none)
 
     def __post_init__(self) -> None:
         if not self.argv:

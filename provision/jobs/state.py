@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-State = Literal["running", "exited", "oom", "killed", "lost", "vanished"]
+State = Literal["running", "exited", "oom", "killed", "lost", "vanished", "queued", "dropped"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class JobState:
     spec: dict[str, Any] = field(default_factory=dict)
     # the GPUs' health as it started and ended (templates/jobs/_health.sh.j2; jobs/health.py)
     health: tuple[str, str] = ("", "")
+    queue_position: int | None = None  # its place in the host's queue (1: next to start)
+    wants: str = ""  # what a queued job asks for: "count 2", "ids 0,1", "all"
 
     @property
     def running(self) -> bool:
@@ -64,7 +66,9 @@ class JobState:
             code = self.exit_code if self.exit_code is not None else "?"
             sig = signal_name(self.exit_code)
             return f"exited {code}" + (f" ({sig})" if sig else "")
-        return {"running": "running", "oom": "killed by OOM",
+        if self.state == "queued":
+            return f"queued (#{self.queue_position or '?'})"
+        return {"running": "running", "oom": "killed by OOM", "dropped": "dropped from the queue",
                 "killed": f"killed ({self.signal or 'signal'})", "lost": "lost in a reboot",
                 "vanished": "ended without an exit code (its supervisor was killed)"}[self.state]
 
@@ -87,7 +91,8 @@ class JobState:
                 "gpus": list(self.gpus), "gpu_memory_mib": self.gpu_memory_mib,
                 "log": self.log_path, "log_size": self.log_size, "last_line": self.last_line,
                 "evidence": self.evidence or None, "pid": self.pid, "launcher": self.launcher,
-                "rank": self.rank, "nnodes": self.nnodes}
+                "rank": self.rank, "nnodes": self.nnodes, "queue_position": self.queue_position,
+                "wants": self.wants or None}
 
 
 @dataclass(frozen=True)
@@ -169,8 +174,13 @@ def job_state(raw: dict[str, str], host: str, host_boot: str,
     evidence = raw.get("oom", "").strip()
     boot = raw.get("boot", "").strip()
     state: State
+    queued = raw.get("queued", "").split(" ", 1)
     if alive:
         state = "running"
+    elif "queued" in raw and rc is None:
+        state = "queued"
+    elif "dropped" in raw and rc is None:
+        state = "dropped"
     elif rc is not None:
         if killed and rc != 0:  # `kill` ended it (a job that caught the signal and exited 0 did not)
             state = "killed"
@@ -203,7 +213,9 @@ def job_state(raw: dict[str, str], host: str, host_boot: str,
         log_tail=unpack_tail(raw.get("tail", "").strip()),
         gpu_memory_mib=memory_of(pid, apps), pid=pid, launcher=raw.get("launcher", "").strip(),
         rank=int(spec.get("rank") or 0), nnodes=int(spec.get("nnodes") or 1), spec=spec,
-        health=(raw.get("health-start", ""), raw.get("health-end", "")))
+        health=(raw.get("health-start", ""), raw.get("health-end", "")),
+        queue_position=_int(queued[0]) if state == "queued" and queued[0] else None,
+        wants=queued[1].strip() if state == "queued" and len(queued) == 2 else "")
 
 
 def parse_records(text: str, host: str, now: float | None = None,
@@ -232,5 +244,8 @@ def parse_records(text: str, host: str, now: float | None = None,
     boot = host_boot if host_boot is not None else head.get("host-boot", "")
     jobs = [job_state(r, host, boot, gpu_apps) for r in records]
     jobs.sort(key=lambda j: (j.started or 0, j.id), reverse=True)
+    # then the queue, in its order (a queued job has not started)
+    jobs = [j for j in jobs if j.state != "queued"] + sorted(
+        (j for j in jobs if j.state == "queued"), key=lambda j: j.queue_position or 0)
     clock = now if now is not None else float(_int(head.get("now", "")) or 0)
     return HostJobs(host=host, now=clock, boot=boot, jobs=tuple(jobs), health_now=head.get("health-now", ""))

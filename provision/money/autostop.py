@@ -22,6 +22,7 @@ the platform has one, so that a pod resumed after a stop still tells what happen
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from dataclasses import dataclass, replace
@@ -34,10 +35,19 @@ from ..remote.contract import shown
 from ..remote.executor import Executor
 from ..remote.runtime import run_foreground
 from ..remote.templating import render
-from .clouds import DMI_NAMES, shutdown_verdict
+from .clouds import DMI_NAMES, identify, shutdown_verdict
+from .status import duration_text, lines, state_text, status_view
+
+__all__ = ["duration_text", "state_text", "status_view"]  # for cost and the tasks
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 SAVE_TIMEOUT = 3600  # seconds the copy to persistent storage may take (SkyPilot's hook default)
+HOOK_TIMEOUT = 300.0  # seconds --hook may take before the stop goes on without it
+WAIT_FOR = ("jobs_and_ssh", "jobs", "gpu")  # SkyPilot's autostop wait_for names (and ours: gpu)
+PREEMPTION = ("auto", "aws", "gcp", "azure", "off")
+METADATA = "169.254.169.254"  # the instance metadata service of AWS, GCP and Azure alike
+# a GPU, a process or a transfer this busy is busy (the defaults of --cpu-busy and --io-busy)
+CPU_BUSY, IO_BUSY = 20, 1024  # % of one core; KiB/s read or written
 SAVED = "autostop-saved"  # the folder under the persistent dir that receives --save
 STOP_WAIT = 300.0  # seconds the machine has to go down after a stop was accepted
 TRIES = 3  # stops tried (each after another idle period) before the watchdog gives up
@@ -50,16 +60,6 @@ def parse_duration(text: str, flag: str) -> float:
     if not t or not parts or re.sub(r"(\d+(?:\.\d+)?)\s*([smhd]?)", "", t).strip():
         raise UsageError(f"{flag} {text!r}: not a duration; write e.g. 30m, 90s, 1h30m")
     return sum(float(n) * _UNITS[u] for n, u in parts)
-
-
-def duration_text(seconds: float) -> str:
-    """90 -> 1m30s, 3600 -> 1h, 5400 -> 1h30m, 5 -> 5s."""
-    s = int(round(seconds))
-    if s < 120:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m" + (f"{s % 60}s" if s % 60 else "")
-    return f"{s // 3600}h" + (f"{s % 3600 // 60}m" if s % 3600 // 60 else "")
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,17 @@ class Request:
     util_max: int = 5  # % utilisation at or below which a GPU is idle
     mem_max_mib: int = 512  # memory used at or below which a GPU is idle
     stop_wait: float = STOP_WAIT  # the machine still up this long after the stop: it failed
+    wait_for: str = "jobs_and_ssh"  # what counts as activity besides the GPUs (WAIT_FOR)
+    hook: str | None = None  # a command run before any stop we trigger
+    hook_timeout: float = HOOK_TIMEOUT
+    save_rate: int = 0  # KiB/s the copy may move (rsync --bwlimit); 0: no limit
+    cpu_busy: int = CPU_BUSY
+    io_busy: int = IO_BUSY
+    preemption: str = "auto"  # whose preemption notice to watch for (PREEMPTION)
+    metadata: str = METADATA  # host[:port] of the instance metadata service
+    max_spend: float | None = None  # the cap since the machine started (inventory max_spend:)
+    price_per_hour: float | None = None  # the inventory's, for the cap
+    after_queue: bool = False  # armed only once the host's job queue has run (and is empty)
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,9 @@ class Decision:
     notes: tuple[str, ...]
     persistent: str | None = None  # where the state lives, if it is there on the host
     billing_ends: bool | None = True  # False/None: a saving `cost` must not promise
+    keep_base: str | None = None  # the volume --save lands on, checked on the host (keep rule)
+    preempt: str = ""  # whose preemption notice the watchdog reads: aws | gcp | azure | ""
+    gpu_seen: bool = True  # nvidia-smi answered at install (else the GPUs cannot count)
 
     @property
     def action_text(self) -> str:
@@ -124,13 +138,35 @@ def validate(req: Request) -> None:
     for flag, path in (("--save", req.save), ("--save-to", req.save_to)):
         if path is not None and (not path or "\n" in path or "\0" in path):
             raise UsageError(f"{flag} {path!r}: not a path")
+    if req.wait_for not in WAIT_FOR:
+        raise UsageError(f"--wait-for {req.wait_for!r}: one of {', '.join(WAIT_FOR)}")
+    if req.preemption not in PREEMPTION:
+        raise UsageError(f"--preemption {req.preemption!r}: one of {', '.join(PREEMPTION)}")
+    if req.hook is not None and (not req.hook.strip() or "\0" in req.hook):
+        raise UsageError(f"--hook {req.hook!r}: a command, e.g. 'git -C ~/code push'")
+    if not 1 <= req.hook_timeout <= 86400:
+        raise UsageError(f"--hook-timeout {req.hook_timeout}s: between 1s and a day")
+    if req.save_rate < 0 or not 0 <= req.cpu_busy <= 10000 or req.io_busy < 0:
+        raise UsageError("--save-rate and --io-busy are KiB/s (>= 0), --cpu-busy a percentage "
+                         "of one core (0..10000)")
+    if not re.fullmatch(r"[A-Za-z0-9.-]+(:[0-9]{1,5})?", req.metadata):
+        raise UsageError(f"--metadata-address {req.metadata!r}: HOST or HOST:PORT")
+    if req.max_spend is not None and (req.max_spend <= 0 or not req.price_per_hour):
+        raise UsageError(f"max_spend: {req.max_spend}: needs price_per_hour: in the inventory "
+                         "(the cap is counted from it) and a positive amount")
+
+
+NONE = StopAction(keeps="everything: nothing is stopped", loses="nothing", bills="everything, "
+                  "as before", deletes="nothing")  # --action none: notices, hook, cap warnings
 
 
 def decide(platform: Platform, req: Request, home: str, base: str | None = None) -> Decision:
     """The action and what is saved first; raises ProvisionError (one line: what, why, and what
     to say instead) for an action that would delete data not given up explicitly, one that does
-    not end the billing, or one the platform cannot do. A relative ``--save`` is under ``base``
-    (the data dir, as for sync), else the home."""
+    not end the billing, one the platform cannot do, or a --save whose copy would land on
+    storage the action deletes (each action's ``keeps_paths``: a copy is only kept on a separate
+    mount there; the host checks the mount itself at install and again before the stop). A
+    relative ``--save`` is under ``base`` (the data dir, as for sync), else the home."""
     validate(req)
     prof = platform.autostop
     known = ", ".join(k for k, a in prof.actions.items() if not a.refused) or "none"
@@ -138,9 +174,10 @@ def decide(platform: Platform, req: Request, home: str, base: str | None = None)
     if name is None:
         raise ProvisionError(f"platform {platform.name}: no stop action is known for it; its "
                              "profile (recipes/platforms) needs an autostop section")
-    spec = prof.actions.get(name)
+    spec = NONE if name == "none" else prof.actions.get(name)
     if spec is None:
-        raise ProvisionError(f"platform {platform.name}: no --action {name} (it has: {known})")
+        raise ProvisionError(f"platform {platform.name}: no --action {name} (it has: {known}); "
+                             "--action none stops nothing")
     if spec.refused:
         raise ProvisionError(f"platform {platform.name}: --action {name} refused: {spec.refused}")
     if spec.deletes == "everything" and req.action != "terminate":
@@ -151,7 +188,6 @@ def decide(platform: Platform, req: Request, home: str, base: str | None = None)
     persistent = expand_home(req.save_to or prof.persistent_dir or "", home) or None
     notes: list[str] = []
     save = _abs(req.save, home, base or home) if req.save else None
-    require = None
     if spec.deletes == "outside-persistent":
         if persistent is None:
             raise ProvisionError(f"platform {platform.name}: its {name} clears the disk and there "
@@ -161,24 +197,52 @@ def decide(platform: Platform, req: Request, home: str, base: str | None = None)
                 f"platform {platform.name}: its {name} clears everything outside {persistent} "
                 f"({spec.loses}). Name what to keep with --save DIR (copied into {persistent} "
                 "before the stop), or say --action terminate to give it all up")
-        require = persistent
-    save_to = f"{persistent.rstrip('/')}/{SAVED}" if persistent and save else None
+    keeps = ", ".join(spec.keeps_paths) or "nothing of the instance"
     if save and persistent is None:
         if spec.deletes == "everything":
             raise ProvisionError(f"platform {platform.name}: --save {req.save}: there is no "
                                  "persistent storage to copy it to before the instance is "
-                                 "deleted; give --save-to DIR (a network filesystem)")
+                                 f"deleted; give --save-to DIR (a network filesystem), on what "
+                                 f"the {name} keeps: {spec.keeps} (a mount at {keeps})")
         notes.append(f"--save {req.save}: nothing to copy, {platform.name}'s {name} keeps the "
                      f"disk ({spec.keeps})")
         save = None
+    keep_base = None
+    if save and persistent:
+        if spec.deletes == "nothing" and req.save_to:
+            pass  # a copy the user wants where they say; the action loses nothing anyway
+        elif spec.keeps_paths:
+            if not _may_be_under(persistent, spec.keeps_paths):
+                raise ProvisionError(
+                    f"platform {platform.name}: --save-to {persistent}: its {name} keeps "
+                    f"{spec.keeps}: a separate mount at {keeps}; a copy anywhere else is "
+                    f"deleted with the rest ({spec.loses})")
+            keep_base = persistent
+        elif spec.deletes != "nothing":
+            raise ProvisionError(f"platform {platform.name}: its {name} deletes {spec.loses} "
+                                 "and its profile names no storage it keeps: --save would be "
+                                 "lost with it")
+    save_to = f"{persistent.rstrip('/')}/{SAVED}" if persistent and save else None
     if save and persistent and (save + "/").startswith(persistent.rstrip("/") + "/"):
         notes.append(f"{save} is already on persistent storage ({persistent}): nothing to copy")
         save_to = persistent
     if spec.bills:
         notes.append(f"still billed while stopped: {spec.bills}")
-    return Decision(platform.name, name, spec, save, save_to, require, tuple(notes),
+    if prof.note:
+        notes.append(" ".join(prof.note.split()))
+    return Decision(platform.name, name, spec, save, save_to, None, tuple(notes),
                     persistent=expand_home(prof.persistent_dir, home) if prof.persistent_dir
-                    else None)
+                    else None, keep_base=keep_base)
+
+
+def _may_be_under(path: str, patterns: tuple[str, ...]) -> bool:
+    """Whether ``path`` or a folder above it matches one of the mount-point patterns (``*``
+    matches any run of characters, ``/`` included, as bash's ``case`` does on the host)."""
+    parts = path.rstrip("/").split("/")
+    for i in range(len(parts), 1, -1):
+        if any(fnmatch.fnmatchcase("/".join(parts[:i]), p) for p in patterns):
+            return True
+    return False
 
 
 def _abs(path: str, home: str, base: str) -> str:
@@ -200,11 +264,29 @@ def watchdog_script(dec: Decision, req: Request, platform: Platform) -> str:
                   interval=round(req.interval, 2), util_max=req.util_max,
                   mem_max=req.mem_max_mib, after_job=req.after_job or "", action=dec.action,
                   save=dec.save or "", save_to=dec.save_to or "", save_timeout=SAVE_TIMEOUT,
-                  command=list(dec.spec.command), method=method, url=url,
-                  body=dec.spec.body or "", ok=dec.spec.ok or "",
+                  save_rate=str(req.save_rate or ""), command=list(dec.spec.command),
+                  method=method, url=url, body=dec.spec.body or "", ok=dec.spec.ok or "",
                   instance_id=req.instance_id or "", id_prefix=prof.instance_id_prefix,
                   id_env=list(prof.instance_id_env), key_env=list(prof.api_key_env),
-                  loses_data=dec.loses_data, stop_wait=int(round(req.stop_wait)), tries=TRIES)
+                  injected=prof.id_injected, loses_data=dec.loses_data,
+                  stop_wait=int(round(req.stop_wait)), tries=TRIES, wait_for=req.wait_for,
+                  gpu_seen=dec.gpu_seen, cpu_busy=req.cpu_busy, io_busy=req.io_busy,
+                  **_keep_values(dec), hook=req.hook or "",
+                  hook_timeout=int(round(req.hook_timeout)), preempt=dec.preempt,
+                  metadata=req.metadata, price=_num(req.price_per_hour),
+                  after_queue=req.after_queue,
+                  max_spend=_num(req.max_spend))
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:g}"
+
+
+def _keep_values(dec: Decision) -> dict[str, Any]:
+    """What the host checks of the storage --save lands on (money/_save.sh.j2 keep_check)."""
+    return {"keep_base": dec.keep_base or "", "keep_paths": list(dec.spec.keeps_paths),
+            "keep_env": dec.spec.keeps_env or "", "keep_fstypes": list(dec.spec.keeps_fstypes),
+            "keeps": dec.spec.keeps}
 
 
 def config(dec: Decision, req: Request) -> dict[str, Any]:
@@ -215,74 +297,111 @@ def config(dec: Decision, req: Request) -> dict[str, Any]:
             "interval": round(req.interval, 2), "after_job": req.after_job,
             "util_max": req.util_max, "mem_max_mib": req.mem_max_mib, "save": dec.save,
             "save_to": dec.save_to, "notes": list(dec.notes), "loses_data": dec.loses_data,
-            "billing_ends": dec.billing_ends, "stop_wait": int(round(req.stop_wait))}
+            "billing_ends": dec.billing_ends, "stop_wait": int(round(req.stop_wait)),
+            "wait_for": req.wait_for, "hook": req.hook, "hook_timeout": int(req.hook_timeout),
+            "preempt": dec.preempt, "keep_base": dec.keep_base, "cpu_busy": req.cpu_busy,
+            "io_busy": req.io_busy, "max_spend": req.max_spend,
+            "price_per_hour": req.price_per_hour, "after_queue": req.after_queue}
 
 
 def _ctl(mode: str, **values: Any) -> str:
     base: dict[str, Any] = {"command": [], "need_id": False, "id_env": [], "key_env": [],
-                            "key_hint": "", "require_persistent": "", "watchdog": "",
+                            "key_hint": "", "watchdog": "", "http": False,
                             "config": "", "persistent": "", "persist_dirs": [],
-                            "lookup_url": "", "instance_id": "", "id_prefix": "",
-                            "addresses": [], "rearm_file": ""}
+                            "lookup_url": "", "list_url": "", "check_ip": False,
+                            "api_action": "", "instance_id": "", "id_prefix": "",
+                            "injected": False, "addresses": [], "rearm_file": "",
+                            "action": "", "save": "", "loses_data": False,
+                            "notify_script": "", "metadata": METADATA,
+                            "keep_base": "", "keep_paths": [], "keep_env": "",
+                            "keep_fstypes": [], "keeps": ""}
     return render("money/autostop_ctl.sh.j2", mode=mode, **{**base, **values})
 
 
-def probe(ex: Executor) -> dict[str, Any]:
-    """What the host shows of its cloud (DMI, Xen's uuid, AWS's instance life cycle) and
-    whether nvidia-smi sees its GPUs. Changes nothing."""
-    r = run_foreground(ex, "autostop-probe", _ctl("probe"), again="autostop")
+def probe(ex: Executor, metadata: str = METADATA) -> dict[str, Any]:
+    """What the host shows of its cloud (DMI, Xen's uuid; AWS's instance life cycle, GCP's and
+    Azure's Spot flags from their instance metadata) and whether nvidia-smi sees its GPUs.
+    Changes nothing."""
+    r = run_foreground(ex, "autostop-probe", _ctl("probe", metadata=metadata), again="autostop")
     if not isinstance(r.result, dict):
         raise ProvisionError(f"{ex.host}: autostop: the host answered {r.result!r}")
     return r.result
 
 
 def check_probe(dec: Decision, platform: Platform, seen: dict[str, Any],
-                host: str) -> Decision:
+                host: str, preemption: str = "auto") -> Decision:
     """Refuse what the host's answers forbid (ProvisionError, one line); else the decision
-    with what is known of the bill."""
+    with what is known of the bill, whether the GPUs can be seen, and whose preemption
+    notice to watch for (``preemption``: auto reads the cloud's DMI and Spot flag)."""
     if dec.loses_data and not seen.get("gpu_ok"):
         raise ProvisionError(
             f"{host}: autostop not set: the GPU check fails here ({seen.get('gpu_text') or '?'})"
             f"; the watchdog could not tell a running job from idle GPUs, and {dec.platform}'s "
             f"{dec.action} loses {dec.spec.loses or 'data'}. Make nvidia-smi work first "
             f"(gpu-provision -H {host} doctor)")
+    dmi = seen.get("dmi") or {}
+    values = {**{k: dmi.get(k, "") for k in DMI_NAMES},
+              "hypervisor_uuid": seen.get("hypervisor_uuid") or "",
+              "life_cycle": seen.get("life_cycle") or ""}
+    dec = replace(dec, gpu_seen=bool(seen.get("gpu_ok")),
+                  preempt=preempt_kind(preemption, values))
+    if dec.preempt:
+        dec = replace(dec, notes=dec.notes + (
+            f"watching for the {dec.preempt.upper()} preemption notice: SIGINT to our jobs and "
+            "the hook within it",))
     if not dec.spec.command or platform.kind != "vm":
         return dec
-    dmi = seen.get("dmi") or {}
-    verdict = shutdown_verdict({**{k: dmi.get(k, "") for k in DMI_NAMES},
-                                "hypervisor_uuid": seen.get("hypervisor_uuid") or "",
-                                "life_cycle": seen.get("life_cycle") or ""})
+    verdict = shutdown_verdict(values)
     if verdict.refused:
-        raise ProvisionError(f"{host}: autostop not set: {verdict.refused}")
+        raise ProvisionError(f"{host}: autostop not set: {verdict.refused}"
+                             + ("; --action none still watches for the preemption notice"
+                                if dec.preempt else ""))
     notes = dec.notes + ((verdict.note,) if verdict.note else ())
     return replace(dec, notes=notes, billing_ends=verdict.billing_ends)
 
 
+def preempt_kind(preemption: str, seen: dict[str, str]) -> str:
+    """Whose notice to read: the one asked, else (auto) a Spot machine of AWS, GCP or Azure."""
+    if preemption in ("aws", "gcp", "azure"):
+        return preemption
+    if preemption == "off" or seen.get("life_cycle", "").strip() != "spot":
+        return ""
+    cloud = identify(seen)
+    return {"AWS": "aws", "Google Cloud": "gcp", "Azure": "azure"}.get(cloud.name if cloud
+                                                                      else "", "")
+
+
 def install(ex: Executor, dec: Decision, req: Request, platform: Platform,
-            addresses: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Ask the host (``probe``), refuse what it forbids, check what the stop needs there and
-    start the watchdog. ``addresses``: the host's addresses as we reached it (an instance the
-    platform's API names must have one of them). Raises ProvisionError naming each problem;
-    nothing is installed then."""
-    dec = check_probe(dec, platform, probe(ex), ex.host)
+            addresses: tuple[str, ...] = (), notify_script: str = "") -> dict[str, Any]:
+    """Ask the host (``probe``), refuse what it forbids, check what the stop needs there (the
+    instance id against the host itself, the storage --save lands on) and start the watchdog.
+    ``addresses``: the host's addresses as we reached it (an instance the platform's API names
+    must have one of them). Raises ProvisionError naming each problem; nothing is installed
+    then. The result's ``warnings``: what the host said that does not stop it."""
+    dec = check_probe(dec, platform, probe(ex, req.metadata), ex.host, req.preemption)
     prof = platform.autostop
-    http = not dec.spec.command
+    http = bool(dec.spec.request)
     lookup = (prof.instance_lookup or "").partition(" ")[2] if http else ""
-    body = _ctl("install", command=list(dec.spec.command),
+    listing = lookup[:-len("/{id}")] if lookup.endswith("/{id}") and not prof.id_injected \
+        else ""
+    api_action = "stop" if dec.action == "stop" and http else ""
+    body = _ctl("install", command=list(dec.spec.command), http=http,
                 need_id=http and not req.instance_id, id_env=list(prof.instance_id_env),
                 key_env=list(prof.api_key_env) if http else [], key_hint=prof.key_hint,
-                require_persistent=dec.require_persistent or "",
                 watchdog=watchdog_script(dec, req, platform),
                 config=json.dumps(config(dec, req), sort_keys=True),
-                persistent=dec.persistent or "", lookup_url=lookup,
+                persistent=dec.persistent or "", lookup_url=lookup, list_url=listing,
+                check_ip=not prof.id_injected, api_action=api_action,
                 instance_id=req.instance_id or "", id_prefix=prof.instance_id_prefix,
-                addresses=list(addresses), rearm_file=prof.rearm_file or "")
+                injected=prof.id_injected, addresses=list(addresses),
+                rearm_file=prof.rearm_file or "", action=dec.action, save=dec.save or "",
+                loses_data=dec.loses_data, notify_script=notify_script, **_keep_values(dec))
     r = run_foreground(ex, "autostop", body, again="autostop")
     result = r.result if isinstance(r.result, dict) else {}
     if result.get("problems"):
         raise ProvisionError(f"{ex.host}: autostop not set: " + "; ".join(result["problems"]))
     if not result.get("installed"):
-        tail = " | ".join(_lines(result.get("log"))[-3:])
+        tail = " | ".join(lines(result.get("log"))[-3:])
         raise ProvisionError(f"{ex.host}: autostop: the watchdog did not start ({tail}); see "
                              f"{result.get('dir') or shown('autostop')}/autostop.log "
                              "on the host")
@@ -302,57 +421,3 @@ def raw_status(ex: Executor) -> dict[str, Any]:
     if not isinstance(r.result, dict):
         raise ProvisionError(f"{ex.host}: autostop --status: the host answered {r.result!r}")
     return r.result
-
-
-def state_text(state: dict[str, Any], alive: bool, cfg: dict[str, Any]) -> str:
-    """One line: what the watchdog does or did (shared with ``cost``)."""
-    if state.get("dead"):
-        return f"stopped watching: {state['dead']}; run autostop again once that is fixed"
-    if state.get("gave_up"):
-        return f"failed: {state['gave_up']}"
-    if state.get("fired_at") and not alive:
-        return f"fired: {state.get('result')}"
-    if not alive:
-        return ""
-    if state.get("stopping_since"):
-        return f"stop sent ({state.get('result')}), waiting for the machine to go down"
-    busy = state.get("busy") or ""
-    return (f"running (pid {state.get('pid')}): " + (f"busy: {busy}" if busy else
-            f"idle for {duration_text(state.get('idle_for') or 0)} of "
-            f"{cfg.get('idle_text')}"))
-
-
-def status_view(host: str, raw: dict[str, Any],
-                platform: Platform | None = None) -> dict[str, Any]:
-    """What ``--status`` (and ``cost``) show, from what the host reported."""
-    if not raw.get("set"):
-        return {"host": host, "set": False, "note": "", "log_tail": _lines(raw.get("log"))}
-    state, cfg = raw.get("state") or {}, raw.get("config") or {}
-    alive = bool(raw.get("alive"))
-    text = state_text(state, alive, cfg)
-    supervisor = raw.get("supervisor") or ""
-    rearm = raw.get("rearm") or ""
-    if not text:
-        text = ("not running: the machine restarted since it was set (a container restart ends "
-                "it), or it was killed; run autostop again")
-        if raw.get("armed_boot_id") and raw.get("boot_id") != raw.get("armed_boot_id") \
-                and supervisor != "systemd":
-            text = "not running: the host rebooted since it was set; run autostop again"
-    if supervisor == "systemd":
-        reboot = "a systemd unit: it starts again after a reboot, its idle clock anew"
-    elif raw.get("rearm_file"):
-        reboot = (f"a setsid process, started again at each container start by "
-                  f"{raw['rearm_file']}")
-    else:
-        hint = platform.autostop.rearm_hint if platform else ""
-        reboot = ("a setsid process: a reboot or container restart ends it; "
-                  + (hint or "run autostop again then").replace("{rearm}", rearm or "rearm.sh"))
-    failure = state.get("last_failure") or ""
-    return {"host": host, "set": True, "alive": alive, "fired": bool(state.get("fired_at")),
-            "state_text": text, "config": cfg, "state": state, "supervisor": supervisor,
-            "reboot_text": reboot, "last_failure": failure, "dir": raw.get("dir") or "",
-            "log_tail": _lines(raw.get("log"))}
-
-
-def _lines(text: Any) -> list[str]:
-    return [x for x in str(text or "").splitlines() if x.strip()]

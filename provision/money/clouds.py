@@ -2,7 +2,8 @@
 
 A pure reading of what the host reported (DMI values, Xen's hypervisor uuid, the instance's
 life cycle from AWS's instance metadata) against ``clouds.yaml``. autostop refuses a shutdown
-where it would leave the machine billed (Azure, Alibaba, Tencent, DigitalOcean, IBM) or would
+where it would leave the machine billed (Azure, Alibaba, Tencent, DigitalOcean, IBM, Hetzner,
+Vultr, Scaleway) or would
 delete it (an AWS one-time Spot instance), and ``cost`` promises a saving only where it is known.
 """
 
@@ -24,7 +25,7 @@ DMI_NAMES = ("sys_vendor", "product_name", "chassis_asset_tag", "board_vendor")
 @dataclass(frozen=True)
 class Cloud:
     name: str
-    shutdown: str  # ends | refused
+    shutdown: str  # ends | refused | maybe
     why: str
     spot: str = ""  # the refusal for a Spot instance (AWS)
 
@@ -70,6 +71,8 @@ def shutdown_verdict(seen: Mapping[str, Any]) -> Verdict:
                        "powered-off machine")
     if cloud.shutdown == "refused":
         return Verdict(cloud.name, f"{cloud.name}: {cloud.why}", False, "")
+    if cloud.shutdown == "maybe":  # set; what it saves is not known here
+        return Verdict(cloud.name, None, None, f"{cloud.name}: {cloud.why}")
     if cloud.spot and values.get("life_cycle", "").strip() == "spot":
         return Verdict(cloud.name, cloud.spot, False, "")
     note = f"{cloud.name}: {cloud.why}"

@@ -39,6 +39,7 @@ class Probe:
     autostop_alive: bool
     autostop_config: dict[str, Any] = field(default_factory=dict)
     autostop_state: dict[str, Any] = field(default_factory=dict)
+    gpu_error: str = ""  # the GPU check failed: idleness is not known from the GPUs
 
     @property
     def since(self) -> float:
@@ -61,7 +62,8 @@ def parse_probe(line: str) -> Probe:
                  gpus=None if gpus is None else tuple((g[0], g[1]) for g in gpus),
                  autostop_alive=bool(d["autostop"]["alive"]),
                  autostop_config=d["autostop"].get("config") or {},
-                 autostop_state=d["autostop"].get("state") or {})
+                 autostop_state=d["autostop"].get("state") or {},
+                 gpu_error=str(d.get("gpu_error") or ""))
 
 
 def probe(ex: Executor) -> Probe:
@@ -69,10 +71,16 @@ def probe(ex: Executor) -> Probe:
                     what="the cost probe", any_exit=True, fix="the host needs bash and coreutils")
 
 
-def busy_now(p: Probe, util_max: int = 5, mem_max_mib: int = 512) -> str | None:
-    """Why the host is busy now (a job, a GPU), or None when it is idle."""
+def busy_now(p: Probe, util_max: int | None = None, mem_max_mib: int | None = None) -> str | None:
+    """Why the host is busy now (a job, a GPU, what the watchdog last saw), or None when it is
+    idle. The thresholds are the watchdog's where one is set (else 5% and 512 MiB)."""
+    cfg = p.autostop_config if p.autostop_alive else {}
+    util_max = util_max if util_max is not None else int(cfg.get("util_max", 5))
+    mem_max_mib = mem_max_mib if mem_max_mib is not None else int(cfg.get("mem_max_mib", 512))
     if p.jobs:
         return f"job {p.jobs[0].split()[0]} runs"
+    if p.autostop_alive and p.autostop_state.get("busy"):
+        return str(p.autostop_state["busy"])
     for i, (util, mem) in enumerate(p.gpus or ()):
         if util is not None and util > util_max:
             return f"GPU {i} is {util}% busy"
@@ -84,8 +92,8 @@ def busy_now(p: Probe, util_max: int = 5, mem_max_mib: int = 512) -> str | None:
 def idle_since(p: Probe) -> float | None:
     """Since when the host has been idle (None: busy now): the latest of its start, our last
     step, a job's last output, and the watchdog's last busy sample."""
-    if busy_now(p) is not None:
-        return None
+    if busy_now(p) is not None or (p.gpu_error and not p.autostop_alive):
+        return None  # busy, or not known (a GPU check that fails tells nothing)
     marks = [p.since, p.journal_last or 0, p.jobs_last or 0]
     if p.autostop_alive and p.autostop_state.get("last_active"):
         marks.append(float(p.autostop_state["last_active"]))
@@ -132,6 +140,10 @@ def row(host: str, price: float | None, currency: str | None, p: Probe) -> dict[
         text = (f"{cfg.get('action')} after {cfg.get('idle_text')} idle"
                 + (f", in {duration_text(left)}" if left is not None else
                    f" (busy: {state.get('busy')})"))
+        if state.get("held") and state["held"] != "nothing to stop":
+            text += f"; did not fire: {state['held']}"
+        if state.get("spend"):
+            text += f"; max_spend: {state['spend']}"
         if price and ends is True:
             text += f"; then saves {_money(price, currency)}/h"
         elif price:
@@ -158,7 +170,9 @@ def row(host: str, price: float | None, currency: str | None, p: Probe) -> dict[
         "price_text": _money(price, currency) if price else "no price_per_hour",
         "cost_text": _money(price * hours if price else None, currency),
         "idle_text": busy_now(p) or (f"idle {duration_text(idle_s)}" if idle_s is not None
-                                     else "-"),
+                                     else f"not known: the GPU check fails ({p.gpu_error})"
+                                     if p.gpu_error else "-"),
+        "gpu_error": p.gpu_error or None,
         "warnings": [w for w in [warning, _failed(host, state)] if w],
     }
 

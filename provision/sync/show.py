@@ -104,15 +104,35 @@ def autostop_status(s: Mapping[str, Any], out: Console = console) -> None:
     c = s["config"]
     t = table(f"autostop: {host}", "", "", show_header=False)
     t.add_row("state", s["state_text"])
-    t.add_row("when", f"GPUs idle (<= {c['util_max']}% busy, <= {c['mem_max_mib']} MiB used) and no "
-                      f"job of ours running for {c['idle_text']}"
+    waits = {"jobs_and_ssh": "no job of ours, queued job, busy process, tmux pane, SSH login, "
+                             "forward or VS Code", "jobs": "no job of ours, queued job, busy "
+                             "process or tmux pane", "gpu": "the GPUs alone"}
+    t.add_row("when", f"GPUs idle (<= {c['util_max']}% busy, <= {c['mem_max_mib']} MiB used, no "
+                      "process on them) and "
+                      + waits.get(str(c.get("wait_for") or "jobs_and_ssh"), "no job of ours")
+                      + f" for {c['idle_text']}"
                       + (f", after job {c['after_job']} ended" if c.get("after_job") else "")
+                      + (", once the queue has run" if c.get("after_queue") else "")
                       + f"; sampled every {c['interval']}s")
     t.add_row("action", f"{c['action']}: {c['action_text']}")
     t.add_row("keeps", c.get("keeps") or "-")
     t.add_row("still billed", c.get("bills") or "-")
+    if c.get("hook"):
+        st = s.get("hook_result") or "not run yet"
+        t.add_row("hook first", f"{c['hook']} (at most {c.get('hook_timeout')}s; last: {st})")
     if c.get("save"):
-        t.add_row("saves first", f"{c['save']} -> {c.get('save_to') or '-'}")
+        t.add_row("saves first", f"{c['save']} -> {c.get('save_to') or '-'}"
+                  + (f" (on {c['keep_base']}, checked file by file, flushed)"
+                     if c.get("keep_base") else ""))
+    if c.get("preempt"):
+        t.add_row("preemption", f"the {str(c['preempt']).upper()} notice: SIGINT to our jobs, "
+                                "then the hook")
+    if s.get("spend"):
+        t.add_row("max_spend", s["spend"])
+    if s.get("held"):
+        t.add_row("did not fire", s["held"])
+    if s.get("unseen"):
+        t.add_row("not seen", s["unseen"])
     t.add_row("runs as", s.get("supervisor") or "-")
     t.add_row("after a reboot", s.get("reboot_text") or "-")
     if s.get("last_failure"):

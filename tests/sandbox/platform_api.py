@@ -7,7 +7,12 @@ is: method, path, the ``Authorization: Bearer <key>`` header, ``Content-Type: ap
 with a body, and the body itself; a call that differs is answered 400 and recorded in
 ``violations`` (a test asserts there are none). The answers replay what the platforms' docs show
 (tests/fixtures/platform-api, SOURCES.md), per instance: ``ok`` (the stop is accepted and done:
-``on_stop`` runs), ``noop`` (accepted, and nothing happens), ``401``, ``404``, ``410``.
+``on_stop`` runs), ``noop`` (accepted, and nothing happens), ``401``, ``404``, ``410``, ``409`` (the
+pod's status does not allow the action), ``429`` (over the rate limit once, with Retry-After,
+then as ``ok``), ``503`` (a server error once, then as ``ok``); these answer the stop and the
+terminate: the lookups (RunPod's getPod, Lambda's instance and instance list) answer as
+``lookup`` says (``ok`` or an error code). A RunPod pod may be ``locked`` (getPod says so, and
+every action is answered 409, as the Pod schema's `locked` "prevents stopping or resetting").
 """
 
 from __future__ import annotations
@@ -45,8 +50,11 @@ class Instance:
     platform: str  # runpod | lambda | vast
     id: str
     key: str
-    mode: str = "ok"  # ok | noop | 401 | 404 | 410
+    mode: str = "ok"  # ok | noop | 401 | 404 | 410 | 409 | 429 | 503
     ip: str = ""  # lambda: the instance's address
+    lookup: str = "ok"  # ok | 401 | 404: what getPod / Lambda's instance lookups answer
+    locked: bool = False  # runpod: the pod's `locked`
+    once: bool = False  # 429 and 503 have been answered once already
     on_stop: Callable[[], None] | None = None
     stopped: bool = False
 
@@ -67,10 +75,12 @@ ROUTES: list[tuple[str, str, str, str, Callable[[str], Any] | None, str]] = [
     ("POST", "api.runpod.io", r"/v2/pods/([^/]+)/action", "runpod",
      lambda _id: {"action": "stop"}, "stop"),
     ("DELETE", "api.runpod.io", r"/v2/pods/([^/]+)", "runpod", None, "terminate"),
+    ("GET", "api.runpod.io", r"/v2/pods/([^/]+)", "runpod", None, "get"),
     # the retired v1 API (docs.runpod.io/api-reference-v2/migrate-from-v1)
     ("POST", "rest.runpod.io", r"/v1/pods/([^/]+)/stop", "runpod-v1", None, "stop"),
     # docs-api.lambda.ai/api/cloud: getInstance, terminateInstance
     ("GET", "cloud.lambda.ai", r"/api/v1/instances/([^/]+)", "lambda", None, "get"),
+    ("GET", "cloud.lambda.ai", r"/api/v1/instances", "lambda", None, "list"),
     ("POST", "cloud.lambda.ai", r"/api/v1/instance-operations/terminate", "lambda",
      lambda i: {"instance_ids": [i]}, "terminate"),
     # docs.vast.ai/api-reference: manage instance (PUT state), destroy instance
@@ -80,10 +90,13 @@ ROUTES: list[tuple[str, str, str, str, Callable[[str], Any] | None, str]] = [
 ]
 
 ERRORS: dict[str, dict[int, str | None]] = {  # platform -> status -> the answer's file
-    "runpod": {401: "runpod-v2-401.json", 404: "runpod-v2-404.json", 410: "runpod-v2-410.json"},
+    "runpod": {401: "runpod-v2-401.json", 404: "runpod-v2-404.json", 410: "runpod-v2-410.json",
+               409: "runpod-v2-409.json", 429: "runpod-v2-429.json", 503: None},
     "runpod-v1": {410: "runpod-v2-410.json"},
-    "lambda": {401: "lambda-401.json", 404: "lambda-404.json", 410: "lambda-404.json"},
-    "vast": {401: None, 404: None, 410: None},  # vast.ai documents no error bodies
+    "lambda": {401: "lambda-401.json", 404: "lambda-404.json", 410: "lambda-404.json",
+               409: None, 429: None, 503: None},
+    # vast.ai documents no error bodies
+    "vast": {401: None, 404: None, 410: None, 409: None, 429: None, 503: None},
 }
 
 
@@ -157,6 +170,8 @@ class PlatformApi:
                     api.calls.append(call)
                 data = b"" if answer is None else json.dumps(answer).encode()
                 self.send_response(status)
+                if status == 429:  # how long to wait (podAction 429)
+                    self.send_header("Retry-After", "1")
                 if data:
                     ctype = ("application/problem+json" if status >= 400 and
                              host.endswith("runpod.io") else "application/json")
@@ -211,13 +226,26 @@ class PlatformApi:
                 return 400, {"problem": problem}
             if platform == "runpod-v1":  # retired: whatever the pod, the address is gone
                 return 410, _answer(ERRORS[platform][410])
+            if action == "list":  # the instances this key's account has
+                with self.lock:
+                    mine = [i for i in self.instances.values()
+                            if i.platform == platform and i.key == _bearer(call)]
+                if not mine:
+                    return 401, _answer(ERRORS[platform][401])
+                return 200, {"data": [self._lambda(i)["data"] for i in mine]}
             inst = self.instances.get((platform, iid))
             if inst is None:
                 return 404, _answer(ERRORS[platform][404])
-            if _bearer(call) != inst.key or inst.mode == "401":
+            mode = inst.lookup if action == "get" else inst.mode
+            if _bearer(call) != inst.key or mode == "401":
                 return 401, _answer(ERRORS[platform][401])
-            if inst.mode in ("404", "410"):
-                return int(inst.mode), _answer(ERRORS[platform][int(inst.mode)])
+            if mode in ("404", "410"):
+                return int(mode), _answer(ERRORS[platform][int(mode)])
+            if action != "get" and (mode == "409" or inst.locked):
+                return 409, _answer(ERRORS[platform][409])
+            if mode in ("429", "503") and not inst.once:
+                inst.once = True
+                return int(mode), _answer(ERRORS[platform][int(mode)])
             return self._done(inst, action)
         with self.lock:
             self.violations.append(f"{call.method} {call.host}{call.path}: no such API call")
@@ -237,11 +265,21 @@ class PlatformApi:
             return f"the body {call.body!r} is not JSON"
         return "" if got == want else f"the body {got!r}, not {want!r}"
 
+    @staticmethod
+    def _lambda(inst: Instance) -> Any:
+        data = _answer("lambda-get-instance.json")
+        data["data"].update(id=inst.id, ip=inst.ip)
+        return data
+
     def _done(self, inst: Instance, action: str) -> tuple[int, Any]:
-        if action == "get":  # Lambda's instance, with this instance's id and address
-            data = _answer("lambda-get-instance.json")
-            data["data"].update(id=inst.id, ip=inst.ip)
-            return 200, data
+        if action == "get" and inst.platform == "lambda":  # with this instance's id and address
+            return 200, self._lambda(inst)
+        if action == "get":  # RunPod's pod as getPod shows it: its id, lock and actions
+            pod = _answer("runpod-v2-pod.json")
+            pod.update(id=inst.id, locked=inst.locked)
+            if inst.stopped:
+                pod.update(status="EXITED", actions=["start", "terminate"])
+            return 200, pod
         if inst.mode == "ok" and not inst.stopped:
             inst.stopped = True
             if inst.on_stop:

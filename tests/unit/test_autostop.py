@@ -4,6 +4,7 @@ platform profiles' stop sections, and the cost and idle figures from a probe."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -124,7 +125,9 @@ def test_watchdog_and_control_render_for_every_action(platform: str) -> None:
     for name, spec in p.autostop.actions.items():
         if spec.refused:
             continue
-        req = autostop.Request(action=name, save=hostile, save_to="/mnt/fs",
+        # --save-to: storage this action keeps, where it names any
+        kept = (spec.keeps_paths[0].replace("*", "fs1") if spec.keeps_paths else "/mnt/fs")
+        req = autostop.Request(action=name, save=hostile, save_to=kept,
                                after_job="train-1", instance_id="i-1")
         d = autostop.decide(p, req, "/root")
         script = autostop.watchdog_script(d, req, p)
@@ -133,7 +136,7 @@ def test_watchdog_and_control_render_for_every_action(platform: str) -> None:
         ctl = autostop._ctl("install", command=list(spec.command), need_id=False,
                             id_env=list(p.autostop.instance_id_env),
                             key_env=list(p.autostop.api_key_env), key_hint=p.autostop.key_hint,
-                            require_persistent="/mnt/fs", watchdog=script,
+                            keep_base=kept, keep_paths=list(spec.keeps_paths), watchdog=script,
                             config=json.dumps(autostop.config(d, req)),
                             persistent=d.persistent or "", lookup_url="https://x/{id}",
                             instance_id="i-1", addresses=["10.0.0.1"],
@@ -223,6 +226,10 @@ CLOUDS = [
      "powered off are still billable"),
     ({"sys_vendor": "Amazon EC2", "product_name": "g5.xlarge", "life_cycle": "spot"}, "AWS",
      "one-time Spot instance is terminated when it shuts down"),
+    ({"sys_vendor": "Hetzner", "product_name": "vServer"}, "Hetzner Cloud",
+     "billed as long as it exists"),
+    ({"sys_vendor": "Vultr"}, "Vultr", "billing continues unless the instance is deleted"),
+    ({"sys_vendor": "Scaleway"}, "Scaleway", "powered on or in standby"),
 ]
 
 
@@ -237,6 +244,15 @@ def test_a_shutdown_that_leaves_the_vm_billed_or_deleted_is_refused(
         autostop.check_probe(d, p, probe, "box")
     assert str(err.value).startswith("box: autostop not set: ") and why in str(err.value)
     assert cloud in str(err.value) or cloud == "AWS"
+
+
+def test_on_oracle_cloud_a_shutdown_is_set_and_no_saving_promised() -> None:
+    p = PLATFORMS["generic-vm"]
+    d = autostop.decide(p, autostop.Request(), "/root")
+    oci = autostop.check_probe(d, p, {"dmi": {"chassis_asset_tag": "OracleCloud.com"},
+                                      "gpu_ok": True}, "box")
+    assert oci.billing_ends is None and any("is_billed_for_stopped_instance" in n
+                                            for n in oci.notes)
 
 
 def test_where_a_shutdown_ends_the_bill_cost_promises_the_saving_and_only_there() -> None:
@@ -274,7 +290,9 @@ def test_a_failing_gpu_check_refuses_only_an_action_that_loses_data() -> None:
         autostop.check_probe(d, runpod, broken, "pod")
     vast = PLATFORMS["vast"]  # its stop keeps the whole disk: only jobs count then
     dv = autostop.decide(vast, autostop.Request(), "/root")
-    assert not dv.loses_data and autostop.check_probe(dv, vast, broken, "box") == dv
+    # accepted; the watchdog is told the GPUs could not be seen at install
+    assert not dv.loses_data and autostop.check_probe(dv, vast, broken, "box") == \
+        dataclasses.replace(dv, gpu_seen=False)
     # the watchdog it renders counts the failing check as busy for the data-losing action only
     req = autostop.Request(save="/root/ckpt")
     assert "LOSES_DATA=1" in autostop.watchdog_script(d, req, runpod)

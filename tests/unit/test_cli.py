@@ -45,8 +45,9 @@ def test_bad_inventory_on_the_command_line(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert r.stderr.strip() == (f"error: {tmp_path}/inventories/box.yaml:2: prot: unknown key "
                                 "(did you mean 'port'? allowed: cuda_compat, currency, data_dir, domain_libraries, "
-                                "env_dir, env_name, gpu, host, keep, key, miniconda_sha256, miniconda_version, "
-                                "mirrors, notes, packages, password_env, platform, port, "
+                                "env_dir, env_name, gpu, host, keep, key, max_spend, miniconda_sha256, "
+                                "miniconda_version, mirrors, notes, notify, packages, password_env, "
+                                "platform, port, "
                                 "price_per_hour, push_env, python, recipe, torch, user)")
 
 

@@ -113,10 +113,14 @@ def test_every_template_is_covered() -> None:
                        "jobs/follow.sh.j2", "jobs/_jobs.sh.j2", "jobs/job_launch.sh.j2", "jobs/job_wrapper.sh.j2",
                        "jobs/job_kill.sh.j2", "jobs/job_where.sh.j2", "jobs/jobs_list.sh.j2",
                        "jobs/watch_sampler.sh.j2",
+                       # the queue: tests/unit/test_queue.py, tests/sandbox/test_queue.py
+                       "jobs/_queue.sh.j2", "jobs/queue_runner.sh.j2", "jobs/queue_ctl.sh.j2",
                        "setup/fabricmanager.sh.j2",
                        # data and money: tests/unit/test_sync.py, test_autostop.py
                        "sync/sync_list.sh.j2", "sync/sync_host.sh.j2", "sync/sync_watch.sh.j2",
                        "money/autostop_watchdog.sh.j2", "money/autostop_ctl.sh.j2", "money/idle_probe.sh.j2",
+                       "money/_env.sh.j2", "money/_save.sh.j2", "money/_busy.sh.j2",
+                       "money/_preempt.sh.j2", "money/notify.sh.j2",
                        # fit --measure: tests/unit/test_fit_measure.py
                        "fit/measure.sh.j2", "fit/measure_run.py", "fit/measure_hook.py",
                        # as root: tests/unit/test_as_root.py, tests/sandbox/test_logins.py
