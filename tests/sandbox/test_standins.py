@@ -246,24 +246,27 @@ def test_dnf_on_rocky_9(hosts: Hosts) -> None:
         harness.stop(info.id)
 
 
-@pytest.mark.parametrize("failure,fixture,action,finding", [
-    ("nvml_mismatch", "nvidia-smi/fail-nvml-mismatch-550.144.txt", "reboot", "nvml-mismatch"),
-    ("gpu_lost", "nvidia-smi/fail-gpu-lost.txt", "none", "gpu-lost"),
+# a lost GPU blocks the plan (nothing installed onto a GPU that cannot run it): exit 2, as a
+# blocked plan exits; a reboot or a driver install is a plan that would run: exit 0
+@pytest.mark.parametrize("failure,fixture,action,finding,plan_exit", [
+    ("nvml_mismatch", "nvidia-smi/fail-nvml-mismatch-550.144.txt", "reboot", "nvml-mismatch", 0),
+    ("gpu_lost", "nvidia-smi/fail-gpu-lost.txt", "none", "gpu-lost", 2),
     # the profile's lspci capture is empty and nvidia-smi sees no GPU: the model is unknown, so
     # the proprietary modules (the open ones need Turing or newer)
     ("no_devices", "nvidia-smi/fail-no-devices-rtx5090.txt", "install branch 580 from Ubuntu's archive",
-     "no-devices"),
+     "no-devices", 0),
 ])
 def test_failure_states_reach_facts_plan_and_doctor(hosts: Hosts, gp_home: Path, failure: str,
                                                     fixture: str, action: str,
-                                                    finding: str) -> None:
+                                                    finding: str, plan_exit: int) -> None:
     info = hosts.fresh("ubuntu-22.04-rtx4090", failure=failure, failure_fixture=fixture)
     try:
         f = facts_json(info, gp_home)
         assert f["nvidia_state"] == failure
         r = gpu_provision("-H", info.inventory, "plan", "--json", home=gp_home)
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == plan_exit, r.stdout + r.stderr
         plan = json.loads(r.stdout)
+        assert bool(plan["blocked"]) == (plan_exit == 2)
         driver = next(d for d in plan["decisions"] if d["step"] == "driver")
         assert driver["action"] == action
         assert any(c["tool"] == "nvidia-smi" for c in info.calls())
