@@ -298,8 +298,17 @@ class Handler(SimpleHTTPRequestHandler):
         (an upstream file, under its URL's hash)."""
         size = path.stat().st_size
         wheel = (name or path.name).endswith(".whl")
-        extra = TAMPERED if self.tamper and wheel else b""
-        size += len(extra)
+        # a tampered wheel stays a valid ZIP (our line is its archive comment, the end of
+        # central directory record's length field set for it: PKWARE APPNOTE 4.3.16), so that
+        # what tells it apart is its hash alone, as with a file altered inside
+        cut, extra = 0, b""
+        if self.tamper and wheel:
+            with path.open("rb") as f:
+                f.seek(size - 22)
+                end = f.read(22)
+            cut, extra = (2, len(TAMPERED).to_bytes(2, "little") + TAMPERED) \
+                if end[:4] == b"PK\x05\x06" and end[20:] == b"\0\0" else (0, TAMPERED)
+        size += len(extra) - cut
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(size))
@@ -307,7 +316,9 @@ class Handler(SimpleHTTPRequestHandler):
         if self.command == "HEAD":
             return
         with path.open("rb") as f:
-            for chunk in itertools.chain(iter(lambda: f.read(1 << 20), b""), [extra] if extra else []):
+            left = size - len(extra)  # the file's own bytes that go out (less a cut length field)
+            chunks = iter(lambda: f.read(min(1 << 20, left - f.tell())) if f.tell() < left else b"", b"")
+            for chunk in itertools.chain(chunks, [extra] if extra else []):
                 self.wfile.write(chunk)
                 self.sent += len(chunk)
                 if self.gate and (name or path.name).endswith(".whl"):

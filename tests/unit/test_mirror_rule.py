@@ -21,9 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from provision.config.inventory import Target, settings_for
+from provision.config.recipes import load_platform
 from provision.remote.command import quote
 from provision.remote.templating import render
-from provision.setup.mirrors import Download, Probe, parse_answers, probe_script
+from provision.setup.mirrors import Download, Probe, downloads, parse_answers, probe_script
+from provision.setup.plan import make_plan
+from tests.cases import captured
 from tests.sandbox.mirror import SIGNIN, TAMPERED, refused_url
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="runs the steps' bash and curl")
@@ -187,3 +191,27 @@ def test_every_mirror_failing_names_each_and_installs_nothing(tmp_path: Path, we
     assert (f"no listed pypi mirror served the download whole and genuine: {web}/liar (hash "
             f"mismatch); {refused} (refused); nothing was installed") in r.stderr
     assert not (tmp_path / "site" / "tinypkg").exists()
+
+
+def test_the_plan_probes_what_each_of_its_downloads_will_ask() -> None:
+    """A fresh CPU host: Miniconda's index on each miniconda mirror, the cpu variant's torch/
+    page on each PyTorch mirror, pip/ on each PyPI mirror (pip.conf and the recipe's packages),
+    the archive on each ollama mirror; a provisioned host, whose steps change nothing, none."""
+    settings = settings_for(Target(name="box", host="h", settings={
+        "packages": ["pycountry"], "tools": ["ollama"], "mirrors": {
+            "miniconda": ["http://a/miniconda", "http://b/miniconda/"],
+            "pytorch": ["http://a/whl", "http://b/whl"], "pypi": ["http://a/simple"],
+            "ollama": ["http://a/ollama"]}}), None, {})
+    plan = make_plan("box", captured("cpu-only"), settings, load_platform(settings.platform))
+    got = {d.kind: (d.what, [(p.url, p.path, p.want, p.file) for p in d.probes])
+           for d in downloads(plan)}
+    assert got == {
+        "miniconda": ("Miniconda", [("http://a/miniconda", "", "Miniconda3", False),
+                                    ("http://b/miniconda", "", "Miniconda3", False)]),
+        "pytorch": ("torch 2.14.1+cpu", [("http://a/whl/cpu", "torch/", "torch", False),
+                                         ("http://b/whl/cpu", "torch/", "torch", False)]),
+        "pypi": ("the recipe's packages", [("http://a/simple", "pip/", "pip", False)]),
+        "ollama": ("ollama", [("http://a/ollama", "ollama-linux-amd64.tar.zst", "", True)])}
+    done = make_plan("box", captured("cpu-only-bootstrapped"), settings_for(
+        Target(name="box", host="h", settings={}), None, {}), load_platform("generic-vm"))
+    assert [d.kind for d in downloads(done)] == []
