@@ -101,8 +101,9 @@ def plan(c: Context, json_: bool = False, python: str | None = None, torch: str 
     """
     o = _overrides(python=python, torch=torch, recipe=recipe, platform=platform,
                    cuda_compat=cuda_compat, env_name=env_name)
+    from ..setup.mirrors import probed
     with _session(c) as s:
-        p = s.plan(o, push=True)
+        p = probed(s.ex, s.plan(o, push=True))  # each listed mirror asked once: one execution
     if json_:
         output.print_json(p.as_json())
     else:

