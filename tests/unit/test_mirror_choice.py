@@ -187,13 +187,14 @@ def test_the_step_accepts_any_allowed_build_and_nothing_else() -> None:
 @pytest.fixture()
 def index(tmp_path: Path) -> Iterator[str]:
     """cpu as PEP 503 HTML with only torch 2.13.0 (a mirror that lags); cu130 as PEP 691 JSON
-    (2.14.1) to a client that asks for it, else HTML (2.14.0); no cu126 at all."""
+    (2.14.1) to a client that asks for it, else HTML (2.14.0); no cu126 at all. Each anchor's text
+    is its file's name, as PEP 503 requires (the mirror rule tells an index by it)."""
     (tmp_path / "whl/cpu/torch").mkdir(parents=True)
     (tmp_path / "whl/cpu/torch/index.html").write_text(
-        f'<a href="/nowhere/torch-2.13.0%2Bcpu-{CPU}.whl">torch</a>')
+        f'<a href="/nowhere/torch-2.13.0%2Bcpu-{CPU}.whl">torch-2.13.0+cpu-{CPU}.whl</a>')
     (tmp_path / "whl/cu130/torch").mkdir(parents=True)  # its HTML lags behind its JSON
     (tmp_path / "whl/cu130/torch/index.html").write_text(
-        f'<a href="/nowhere/torch-2.14.0%2Bcu130-{CPU}.whl">torch</a>')
+        f'<a href="/nowhere/torch-2.14.0%2Bcu130-{CPU}.whl">torch-2.14.0+cu130-{CPU}.whl</a>')
     files = [{"filename": f"torch-2.14.1+cu130-{CPU}.whl", "url": "/nowhere/x.whl"}]
 
     class Handler(SimpleHTTPRequestHandler):
