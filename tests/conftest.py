@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +169,34 @@ def gp_home(tmp_path: Path) -> Path:
     home = tmp_path / "gp-home"
     home.mkdir()
     return home
+
+
+@dataclass(frozen=True)
+class Link:
+    """How a test's commands reach their host: ``kept``, through a kept connection and the warm
+    start in a run dir of this test's own (a user's default), or ``fresh`` (``--no-keep``)."""
+
+    name: str
+    env: dict[str, str]
+    run_dir: Path | None
+
+    def went_through_a_keeper(self) -> bool:
+        """A kept link's commands left a keeper behind (so they used one); a fresh link's none."""
+        found = bool(self.run_dir and harness.keeper_pids(self.run_dir))
+        return found == (self.name == "kept")
+
+
+@pytest.fixture(params=["kept", "fresh"])
+def link(request: pytest.FixtureRequest) -> Iterator[Link]:
+    """Each task that opens a channel is tested both ways: through a keeper and afresh."""
+    if request.param == "fresh":
+        yield Link("fresh", {"GPU_PROVISION_KEEP": "0"}, None)
+        return
+    run_dir = harness.keeper_dir() / uuid.uuid4().hex[:8]
+    yield Link("kept", {"GPU_PROVISION_KEEP": "120", "GPU_PROVISION_RUN_DIR": str(run_dir)},
+               run_dir)
+    harness.stop_keepers(run_dir)
+    assert harness.keeper_pids(run_dir) == []
 
 
 def gpu_provision(*args: str, home: Path, cwd: Path | None = None,

@@ -153,23 +153,27 @@ def _suggest(port: int, taken: set[int]) -> int:
 
 
 def _pump(a: socket.socket, chan: paramiko.Channel) -> None:
-    """Bytes both ways between a local socket and a channel until either side closes."""
+    """Bytes both ways between a local socket and a channel until the host's side is done. A
+    local client that stops sending (a half-close) has its end passed on to the host, as ssh -L
+    does, and the answer still comes back to it."""
+    sending = True
     try:
-        while True:
-            ready, _, _ = select.select([a, chan], [], [], 1.0)  # type: ignore[type-var]
+        while not chan.closed:
+            watched = [a, chan] if sending else [chan]
+            ready, _, _ = select.select(watched, [], [], 1.0)  # type: ignore[type-var]
             if a in ready:
                 data = a.recv(CHUNK)
-                if not data:
-                    break
-                chan.sendall(data)
+                if data:
+                    chan.sendall(data)
+                else:
+                    sending = False
+                    chan.shutdown_write()
             if chan in ready:
                 data = chan.recv(CHUNK)
                 if not data:
                     break
                 a.sendall(data)
-            if chan.closed:
-                break
-    except (OSError, EOFError):
+    except (OSError, EOFError, paramiko.SSHException):
         pass
     finally:
         chan.close()

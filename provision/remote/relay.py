@@ -115,15 +115,25 @@ def read_line(sock: socket.socket, limit: int = 1 << 20) -> bytes:
 
 
 class Sock(socket.socket):
-    """A Unix socket that carries one channel as it is (SFTP, a forward), with the two Channel
-    methods paramiko's SFTP code asks of its channel besides recv/send/close (sftp_client.py:
-    get_name in its log lines; sftp_file.py: recv_ready in a pipelined write)."""
+    """A Unix socket that carries one channel as it is (SFTP, a forward), with the Channel
+    members its callers ask of a channel besides recv/send/close: paramiko's SFTP code
+    (sftp_client.py: get_name in its log lines; sftp_file.py: recv_ready in a pipelined write)
+    and a forward's pump (closed, shutdown_write: the keeper passes a half-close on to the
+    host's channel, as it passes the host's end back)."""
 
     def get_name(self) -> str:
         return "kept"
 
     def recv_ready(self) -> bool:
         return bool(select.select([self], [], [], 0)[0])
+
+    @property
+    def closed(self) -> bool:
+        """As ``Channel.closed``: this end was closed (a closed socket has no descriptor)."""
+        return self.fileno() == -1
+
+    def shutdown_write(self) -> None:
+        self.shutdown(socket.SHUT_WR)
 
 
 def ask(path: str, header: dict[str, Any], timeout: float) -> tuple[socket.socket, dict[str, Any]]:

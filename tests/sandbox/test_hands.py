@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from provision.ops.login import login_block_script
-from tests.conftest import ROOT, Hosts, gpu_provision
+from tests.conftest import ROOT, Hosts, Link, gpu_provision
 from tests.sandbox import harness
 
 pytestmark = pytest.mark.sandbox
@@ -280,21 +280,36 @@ def _get(url: str) -> tuple[int, bytes]:
         return r.status, r.read()
 
 
+def _get_half_closed(port: int, path: str) -> bytes:
+    """A GET whose client ends its sending side after the request (a half-close, as ``nc -N``
+    and some proxies do): the answer must still come back through the forward."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+        s.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := s.recv(1 << 16):
+            got += chunk
+    return got
+
+
 def test_forward_waits_for_the_server_reaches_it_and_ends_with_the_job(
-        box: tuple[harness.HostInfo, str], gp_home: Path, tmp_path: Path) -> None:
+        box: tuple[harness.HostInfo, str], gp_home: Path, tmp_path: Path, link: Link) -> None:
     info, inv = box
     remote, local = free_port(), free_port()
     info.path(f"{WORK}/hello.txt").write_text("served from the host\n")
-    env = dict(os.environ, GPU_PROVISION_HOME=str(gp_home), COLUMNS="200")
+    big = os.urandom(3 << 20)  # many chunks each way through the pump
+    info.path(f"{WORK}/big.bin").write_bytes(big)
+    env = dict(os.environ, GPU_PROVISION_HOME=str(gp_home), COLUMNS="200", **link.env)
     gp = [sys.executable, "-m", "provision", "-H", inv]
     # a job that waits for a word from the test (so the forward surely meets a port nobody
     # listens on yet), prints a Jupyter-style token URL, then serves the data dir (its cwd)
     go = info.path(f"{WORK}/go-web")
+    go.unlink(missing_ok=True)
     serve = (f'while [ ! -e go-web ]; do sleep 0.1; done; '
              f'echo "    http://{info.id}:{remote}/lab?token=9f86d081884c7d65"; '
              f'exec python -m http.server {remote} --bind 127.0.0.1')
     r = gpu_provision("-H", inv, "run", "--json", "--name", "web", "--no-code", "--workdir",
-                      WORK, "--", "bash", "-c", serve, home=gp_home, cwd=tmp_path)
+                      WORK, "--", "bash", "-c", serve, home=gp_home, cwd=tmp_path, env=link.env)
     assert r.returncode == 0, r.stderr
     job = json.loads(r.stdout)["id"]
     fwd = Running([*gp, "forward", f"{remote}:{local}", "--job", job], env, tmp_path)
@@ -304,23 +319,31 @@ def test_forward_waits_for_the_server_reaches_it_and_ends_with_the_job(
         go.touch()
         fwd.wait_line(rf"port {remote} answers now: http://127\.0\.0\.1:{local}")
         assert _get(f"http://127.0.0.1:{local}/hello.txt") == (200, b"served from the host\n")
+        for _ in range(3):  # each request a channel of its own, each whole
+            assert _get(f"http://127.0.0.1:{local}/big.bin") == (200, big)
+        answer = _get_half_closed(local, "/hello.txt")
+        assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(b"served from the host\n")
         assert fwd.wait_line(r"^Jupyter: ") == \
             f"Jupyter: http://127.0.0.1:{local}/lab?token=9f86d081884c7d65"
         # this machine's other addresses do not reach it: 127.0.0.1 only
         with socket.socket() as s, pytest.raises(OSError):
             s.settimeout(3)
             s.connect(("127.0.0.2", local))
+        assert link.went_through_a_keeper()
         # the forward lives as long as the job
-        assert gpu_provision("-H", inv, "kill", job, "--grace", "1", home=gp_home).returncode == 0
+        assert gpu_provision("-H", inv, "kill", job, "--grace", "1", home=gp_home,
+                             env=link.env).returncode == 0
         assert fwd.proc.wait(60) == 0
         fwd.wait_line(rf"job {job} ended: stopped forwarding")
+        assert not [line for line in fwd.err if "Traceback" in line or "Error:" in line], fwd.err
     finally:
         fwd.stop()
-        gpu_provision("-H", inv, "kill", job, "--grace", "1", home=gp_home)
+        gpu_provision("-H", inv, "kill", job, "--grace", "1", home=gp_home, env=link.env)
 
 
 def test_forward_checks_that_the_model_server_answers(box: tuple[harness.HostInfo, str],
-                                                      gp_home: Path, tmp_path: Path) -> None:
+                                                      gp_home: Path, tmp_path: Path,
+                                                      link: Link) -> None:
     """The path a serving recipe's forward takes, with a stand-in for vLLM: the port opens, the
     model list answers 503 while it loads, then 200 with the model (tests/fixtures/serving/)."""
     info, inv = box
@@ -328,7 +351,8 @@ def test_forward_checks_that_the_model_server_answers(box: tuple[harness.HostInf
     for name in ("vllm-v1-models.json", "ollama-api-tags.json"):
         shutil.copy(ROOT / "tests/fixtures/serving" / name, info.path(f"{WORK}/{name}"))
     shutil.copy(ROOT / "tests/sandbox/serving_standin.py", info.path(f"{WORK}/standin.py"))
-    env = dict(os.environ, GPU_PROVISION_HOME=str(gp_home), COLUMNS="200")
+    info.path(f"{WORK}/loaded").unlink(missing_ok=True)
+    env = dict(os.environ, GPU_PROVISION_HOME=str(gp_home), COLUMNS="200", **link.env)
     fwd = Running([sys.executable, "-m", "provision", "-H", inv, "forward", f"{remote}:{local}",
                    "--check", "/v1/models", "--json"], env, tmp_path)
     job = ""
@@ -336,7 +360,7 @@ def test_forward_checks_that_the_model_server_answers(box: tuple[harness.HostInf
         fwd.wait_line(rf"nothing listens on box's port {remote} yet")
         r = gpu_provision("-H", inv, "run", "--json", "--no-code", "--workdir", WORK, "--",
                           "python", "standin.py", str(remote), WORK, f"{WORK}/loaded",
-                          home=gp_home, cwd=tmp_path)
+                          home=gp_home, cwd=tmp_path, env=link.env)
         assert r.returncode == 0, r.stderr
         job = json.loads(r.stdout)["id"]
         fwd.wait_line(r"GET /v1/models: 503 .*; trying again")
@@ -348,11 +372,13 @@ def test_forward_checks_that_the_model_server_answers(box: tuple[harness.HostInf
                         "moved": False}
         status, body = _get(f"http://127.0.0.1:{local}/api/tags")
         assert status == 200 and json.loads(body)["models"][0]["name"] == "gemma3"
+        assert link.went_through_a_keeper()
         assert fwd.stop() == 0
+        assert not [line for line in fwd.err if "Traceback" in line], fwd.err
     finally:
         fwd.stop()
         if job:
-            gpu_provision("-H", inv, "kill", job, "--grace", "1", home=gp_home)
+            gpu_provision("-H", inv, "kill", job, "--grace", "1", home=gp_home, env=link.env)
 
 
 def test_forward_bad_input_is_one_line_before_connecting(box: tuple[harness.HostInfo, str],
