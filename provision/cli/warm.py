@@ -34,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ..remote.rundir import run_dir
+from ..remote.rundir import peer_is_us, run_dir
 
 PREFIX = "w-"  # a warm server's socket name: w- and 17 hex digits (a keeper's is 20 hex digits)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -163,6 +163,8 @@ def run_warm(path: str, argv: list[str]) -> int | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
+        if not peer_is_us(sock):  # another user's socket: neither our env nor our stdio
+            raise OSError(f"{path} is held by another user")
         send(sock, _message(argv), [0, 1, 2])
         reader = sock.makefile("rb")
         first = reader.readline()
@@ -207,6 +209,8 @@ def ask(path: str, op: str, timeout: float = 5.0) -> dict[str, Any] | None:
     sock.settimeout(timeout)
     try:
         sock.connect(path)
+        if not peer_is_us(sock):
+            return None
         send(sock, json.dumps({"op": op}).encode(), [])
         line = sock.makefile("rb").readline()
         answer = json.loads(line) if line else None

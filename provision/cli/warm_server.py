@@ -4,8 +4,8 @@ forks a worker that becomes that command (its argv, folder, environment, umask a
 streams), runs it and reports its exit code; it ends once no command came for IDLE seconds.
 
 It stays single-threaded (a fork copies one thread only: a lock held by another thread would stay
-locked in the worker for ever), and answers only its own user (SO_PEERCRED where the system has
-it; the socket's folder is 0700 everywhere).
+locked in the worker for ever), and answers only its own user (``rundir.peer_is_us``; the
+socket's folder is 0700 everywhere).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import time
 import traceback
 from importlib import import_module
 from typing import IO, Any
+
+from ..remote.rundir import peer_is_us
 
 WAIT = 1.0  # seconds between looks at the idle clock and at finished workers
 SKIP = ("provision.cli.warm_server", "provision.remote.keeper")  # programs, not libraries
@@ -57,14 +59,6 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     if not isinstance(request, dict):
         raise OSError("bad request")
     return request, list(fds)
-
-
-def same_user(conn: socket.socket) -> bool:
-    peercred = getattr(socket, "SO_PEERCRED", None)
-    if peercred is None:
-        return True  # no way to ask here: the 0700 folder is the guard
-    creds = conn.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
-    return bool(struct.unpack("3i", creds)[1] == os.getuid())
 
 
 def _stream(fd: int, mode: str, encoding: str | None) -> Any:
@@ -188,7 +182,7 @@ class Server:
         fds: list[int] = []
         try:
             conn.settimeout(5.0)
-            if not same_user(conn):
+            if not peer_is_us(conn):
                 return True
             request, fds = receive(conn)
             op = request.get("op")

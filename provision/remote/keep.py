@@ -3,8 +3,13 @@ authenticated SSH connection; later commands of the same local user reach it on 
 and pay one round trip per channel instead of a whole handshake.
 
 Safety, in the order it is checked:
-- the socket lives in a folder of ours, mode 0700 and owned by us (else: no keeping), and is
-  itself 0600: another local user can neither list nor use it;
+- the socket lives in a folder of ours, mode 0700 and owned by us, checked without a race (no
+  link followed, each folder above it root's or ours and sticky where others may write: see
+  ``rundir.run_dir``; else no keeping, said once), and is itself 0600: another local user can
+  neither list nor use it;
+- every client asks the kernel who listens before it sends a byte, and the keeper who calls
+  before it reads one (``rundir.peer_is_us``): a socket another user put where ours would be
+  gets nothing, not our environment, not a command;
 - its name is a hash of everything that decides what a connection is: our uid, user, address,
   port, key file, password variable, the pin name, our known_hosts file, and the host key the
   keeper verified. Another inventory, user, key or port, or a re-pinned key, never finds it;
@@ -40,6 +45,7 @@ from fabric import Connection
 from paramiko.hostkeys import HostKeys
 
 from ..errors import ProvisionError, SSHError
+from . import rundir
 from .relay import Gone, RelayTransport, ask
 from .rundir import NAME_LEN, run_dir
 
@@ -48,6 +54,9 @@ if TYPE_CHECKING:
 
 DEFAULT_KEEP = 600
 MAX_KEEP = 86400
+
+
+_SAID: list[str] = []  # the refused run dir, once said
 
 
 def keep_seconds(target: Target) -> int:
@@ -220,6 +229,9 @@ def kept(target: Target, timeout: int, notify: Callable[[str], None] | None,
     connect is the SSHError a fresh connection would raise."""
     d = _usable(target)
     if d is None:
+        if rundir.refused and notify and not _SAID:  # once: each host asks again
+            _SAID.append(rundir.refused)
+            notify(f"not keeping the connection: {rundir.refused}; connecting afresh")
         return None
     ident = identity(target, known_hosts)
 

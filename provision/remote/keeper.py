@@ -25,6 +25,7 @@ import paramiko
 
 from . import relay
 from .relay import EOF, SIGNAL, STATUS, STDERR, STDIN, STDOUT, WINDOW
+from .rundir import peer_is_us
 
 if TYPE_CHECKING:
     from ..config.inventory import Target
@@ -118,6 +119,8 @@ class Keeper:
 
     def _handle(self, client: socket.socket) -> None:
         try:
+            if not peer_is_us(client):
+                return  # (the socket is 0600 in a 0700 folder: this is the second guard)
             header = json.loads(relay.read_line(client))
             op = header.get("op")
             if op == "status":

@@ -29,6 +29,8 @@ from typing import Any
 
 import paramiko
 
+from .rundir import peer_is_us
+
 HEADER = struct.Struct(">cI")
 STDOUT, STDERR, STATUS, STDIN, EOF, WINDOW = b"o", b"e", b"x", b"i", b"f", b"w"
 SIGNAL = b"s"
@@ -143,6 +145,8 @@ def ask(path: str, header: dict[str, Any], timeout: float) -> tuple[socket.socke
     try:
         sock.settimeout(timeout)
         sock.connect(path)
+        if not peer_is_us(sock):  # another user's socket where ours should be: not a byte
+            raise OSError(f"{path} is held by another user")
         sock.sendall(json.dumps(header).encode() + b"\n")
         answer = json.loads(read_line(sock))
         sock.settimeout(None)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
+import struct
 import tempfile
 from pathlib import Path
 
@@ -13,27 +15,99 @@ SUN_PATH = 100  # bytes a socket path may take everywhere (macOS: 104 with the N
 NAME_LEN = 20  # a keeper's socket name: 20 hex digits
 
 
+# Why the last run dir asked for was refused ("" when it was not): the kept connection says it
+# once, and a command connects fresh.
+refused = ""
+
+
 def run_dir() -> Path | None:
     """The folder of our sockets: $GPU_PROVISION_RUN_DIR, else $XDG_RUNTIME_DIR/gpu-provision,
-    else /tmp/gpu-provision-UID; None when it is not ours alone or the paths would be too long."""
+    else /tmp/gpu-provision-UID (also when the runtime folder is refused: root after ``su``
+    keeps the user's, which that user owns). None when none is ours alone (``refused`` says
+    why) or the paths would be too long."""
+    global refused
     env = os.environ.get("GPU_PROVISION_RUN_DIR")
     xdg = os.environ.get("XDG_RUNTIME_DIR")
+    tmp = Path(tempfile.gettempdir()) / f"gpu-provision-{os.getuid()}"
     if env:
-        path = Path(env)
+        tries = [Path(env)]
     elif xdg and Path(xdg).is_dir():
-        path = Path(xdg) / "gpu-provision"
+        tries = [Path(xdg) / "gpu-provision", tmp]
     else:
-        path = Path(tempfile.gettempdir()) / f"gpu-provision-{os.getuid()}"
-    if len(str(path).encode()) + 1 + NAME_LEN > SUN_PATH:
-        return None
+        tries = [tmp]
+    why = ""
+    for path in tries:
+        if len(str(path).encode()) + 1 + NAME_LEN > SUN_PATH:
+            continue  # its sockets' paths would be too long (not a danger: nothing to say)
+        why = _problem(path)
+        if not why:
+            refused = ""
+            return path
+    refused = why
+    return None
+
+
+def _problem(path: Path) -> str:
+    """What makes ``path`` unfit to hold our sockets ("" when nothing does), checked without a
+    race: the parent's symlinks are resolved once, then each folder from / down is opened
+    without following a link (O_NOFOLLOW) and judged on its handle (fstat). A folder on the way
+    must be root's or ours and, if others may write in it, sticky (as /tmp is: only an entry's
+    owner may rename or remove it); the run dir itself must be a real folder, ours, 0700. So
+    nobody else can swap it, or a folder above it, for their own between this check and a
+    connect (and every client checks who listens anyway: ``peer_is_us``)."""
+    uid = os.getuid()
+    flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0)
+    parent = Path(os.path.realpath(path.parent))
+    fd = os.open("/", flags)
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = path.stat()
-    except OSError:
-        return None
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None  # someone else's, or open to others: never put a socket there
-    return path
+        for part in parent.parts[1:]:
+            try:
+                new = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                return f"{parent}: {exc.strerror}"
+            os.close(fd)
+            fd = new
+            st = os.fstat(fd)
+            if st.st_uid not in (0, uid):
+                return f"{parent}: {part} belongs to uid {st.st_uid}, who could swap what is in it"
+            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                return f"{parent}: others may write in {part} and it is not sticky"
+        try:
+            os.mkdir(path.name, 0o700, dir_fd=fd)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            return f"{path}: {exc.strerror}"
+        try:
+            new = os.open(path.name, flags, dir_fd=fd)
+        except OSError as exc:  # ELOOP: a symlink where our folder should be
+            return f"{path}: not a folder of ours ({exc.strerror}; a link is not followed)"
+        os.close(fd)
+        fd = new
+        st = os.fstat(fd)
+        if st.st_uid != uid:
+            return f"{path}: belongs to uid {st.st_uid}, not to us ({uid})"
+        if st.st_mode & 0o077:
+            return f"{path}: others may use it (mode {stat.S_IMODE(st.st_mode):o}; 700 is safe)"
+        return ""
+    finally:
+        os.close(fd)
+
+
+def peer_is_us(sock: socket.socket) -> bool:
+    """Whether the process at the other end of a connected Unix socket runs as our user, asked
+    of the kernel (Linux SO_PEERCRED; LOCAL_PEERCRED on macOS and the BSDs). Every client asks
+    before it sends a byte, every server before it reads one: a socket that another user put
+    where ours would be is never spoken to, whatever happened to the path."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is not None:
+        creds = sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
+        return bool(struct.unpack("3i", creds)[1] == os.getuid())
+    local = getattr(socket, "LOCAL_PEERCRED", None)
+    if local is not None:  # struct xucred: u_int cr_version, uid_t cr_uid, ... (SOL_LOCAL 0)
+        creds = sock.getsockopt(0, local, 76)
+        return bool(struct.unpack_from("2I", creds)[1] == os.getuid())
+    return True  # no way to ask here: the checked folder is the guard
 
 
 def bind(path: str) -> socket.socket:
