@@ -78,7 +78,12 @@ def send_signal(chan: Any, name: str) -> bool:
 
 
 class Gone(paramiko.SSHException):
-    """The keeper, or the SSH connection it held, is not there any more."""
+    """The keeper, or the SSH connection it held, is not there any more. ``sent``: the request
+    had gone out before (the keeper may have acted on it)."""
+
+    def __init__(self, message: str, sent: bool = False):
+        super().__init__(message)
+        self.sent = sent
 
 
 def send_frame(sock: socket.socket, kind: bytes, data: bytes, lock: threading.Lock) -> None:
@@ -142,17 +147,19 @@ def ask(path: str, header: dict[str, Any], timeout: float) -> tuple[socket.socke
     """Open a connection to the keeper at ``path``, send ``header``, read its answer (at most
     ``timeout`` seconds: a keeper whose link died silently must not hold the command)."""
     sock = Sock(socket.AF_UNIX, socket.SOCK_STREAM)
+    sent = False
     try:
         sock.settimeout(timeout)
         sock.connect(path)
         if not peer_is_us(sock):  # another user's socket where ours should be: not a byte
             raise OSError(f"{path} is held by another user")
+        sent = True  # from here on the keeper may act on it, even if its answer never comes
         sock.sendall(json.dumps(header).encode() + b"\n")
         answer = json.loads(read_line(sock))
         sock.settimeout(None)
     except (OSError, ValueError) as exc:
         sock.close()
-        raise Gone(f"keeper {path}: {type(exc).__name__}: {exc}") from None
+        raise Gone(f"keeper {path}: {type(exc).__name__}: {exc}", sent=sent) from None
     except BaseException:
         sock.close()
         raise
@@ -192,7 +199,15 @@ class RelayTransport:
         for attempt in (1, 2):
             try:
                 sock, answer = ask(self.path, header, self.timeout)
-            except Gone:
+            except Gone as exc:
+                if exc.sent and header.get("op") in ("exec", "shell"):
+                    # at most once: the keeper may have started it on the host and only its
+                    # answer was late; sending it again could run it twice. The keeper is left
+                    # alone (other commands share it); this command fails, saying what is known
+                    raise paramiko.SSHException(
+                        f"the kept connection did not answer within {self.timeout:g}s after the "
+                        "command was sent; it may have started on the host, so it is not sent "
+                        "again (--no-keep connects afresh)") from None
                 answer, sock = {"ok": False, "lost": True, "error": "no keeper"}, None
             if answer.get("ok") and sock is not None:
                 with self._lock:
