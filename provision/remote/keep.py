@@ -342,10 +342,11 @@ def keepers() -> list[dict[str, Any]]:
         try:
             sock, answer = ask(str(p), {"op": "status"}, 5.0)
         except Gone:
-            try:
-                p.unlink()  # nobody listens: a keeper that was killed
-            except OSError:
-                pass
+            if rundir.nobody_listens(str(p)):  # a keeper that was killed (a slow one stays)
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
             continue
         sock.close()
         found.append({**answer, "now": time.time()})

@@ -110,6 +110,22 @@ def peer_is_us(sock: socket.socket) -> bool:
     return True  # no way to ask here: the checked folder is the guard
 
 
+def nobody_listens(path: str) -> bool:
+    """A socket file that nothing listens on any more (its server was killed): the kernel
+    refuses a connect at once. A slow or busy server is not that, and its socket is kept."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(1.0)
+    try:
+        sock.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return False
+
+
 def bind(path: str) -> socket.socket:
     """A listening socket at ``path``, 0600 from the start (umask), replacing a stale one."""
     try:

@@ -187,3 +187,17 @@ def _no_leftover_children() -> Iterator[None]:
             pass
     except ChildProcessError:
         pass
+
+
+def test_only_a_socket_nobody_listens_on_counts_as_stale(tmp_path: Path) -> None:
+    """`keepers` removes a killed server's socket, never a slow one's (it could not be
+    stopped any more)."""
+    slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    slow.bind(str(tmp_path / "slow"))
+    slow.listen(1)  # listens, never accepts nor answers
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(tmp_path / "dead"))
+    dead.close()  # its file stays, as a killed server's does
+    assert not rundir.nobody_listens(str(tmp_path / "slow"))
+    assert rundir.nobody_listens(str(tmp_path / "dead"))
+    slow.close()
