@@ -16,7 +16,10 @@ def main() -> None:
     from . import warm
     path = warm.socket_for(argv)
     if path is not None:
-        code = warm.run_warm(path, argv)
+        try:
+            code = warm.run_warm(path, argv)
+        except KeyboardInterrupt:  # before the command started: nothing to tell but the exit
+            sys.exit(130)
         if code is not None:
             sys.exit(code)
     from .main import main as run

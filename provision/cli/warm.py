@@ -34,12 +34,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ..remote.rundir import peer_is_us, run_dir
+from ..remote.rundir import nobody_listens, peer_is_us, run_dir
 
 PREFIX = "w-"  # a warm server's socket name: w- and 17 hex digits (a keeper's is 20 hex digits)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 INTERACTIVE = frozenset({"shell", "authorize"})  # tasks that need our terminal as their controlling one
 DEFAULT_IDLE = 600
+ANSWER = 10.0  # seconds a server may take to fork the worker and say its pid (it takes ms)
+
+
+class Abandoned(Exception):
+    """An ending signal came before the worker was known: the client stops waiting at once."""
 
 
 def idle_seconds() -> int | None:
@@ -70,7 +75,9 @@ def wanted(argv: list[str]) -> bool:
 
 def code_key(root: Path | None = None) -> str:
     """This interpreter and this copy of the program (``root``: its package folder), down to
-    each file's size and time."""
+    each file's size and time, and every distribution installed beside it (each one's
+    ``*.dist-info`` folder names its version and is rewritten by an install): an upgrade of
+    paramiko or fabric never runs in a server that loaded the old one."""
     root = root or Path(__file__).resolve().parents[1]
     h = hashlib.sha256(f"{os.getuid()} {sys.executable} {root} "
                        f"{os.environ.get('PYTHONPATH', '')}".encode())
@@ -79,6 +86,14 @@ def code_key(root: Path | None = None) -> str:
         for name in sorted(files):
             st = os.stat(os.path.join(folder, name))
             h.update(f"{folder}/{name} {st.st_size} {st.st_mtime_ns}\n".encode())
+    for entry in sys.path:
+        try:
+            names = sorted(n for n in os.listdir(entry or ".") if n.endswith(".dist-info"))
+        except OSError:
+            continue
+        for name in names:
+            st = os.stat(os.path.join(entry or ".", name))
+            h.update(f"{entry}/{name} {st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 
@@ -93,8 +108,29 @@ def _message(argv: list[str]) -> bytes:
     os.umask(umask)
     streams = (sys.stdin, sys.stdout, sys.stderr)
     return json.dumps({"op": "run", "argv0": sys.argv[0], "argv": argv, "cwd": os.getcwd(),
-                       "env": dict(os.environ), "umask": umask,
+                       "env": dict(os.environ), "umask": umask, "ignored": ignored(),
+                       "nice": os.getpriority(os.PRIO_PROCESS, 0), "limits": limits(),
                        "encodings": [getattr(s, "encoding", None) for s in streams]}).encode()
+
+
+def limits() -> dict[str, list[int]]:
+    """Our resource limits (``ulimit``): the worker takes them, as a child of ours would."""
+    import resource  # (POSIX only, as the warm start is)
+    found = {}
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            try:
+                found[name] = list(resource.getrlimit(getattr(resource, name)))
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def ignored() -> list[int]:
+    """The ending signals this process was told to ignore (``nohup``: SIGHUP; a background job
+    of a script: SIGINT, SIGQUIT): the worker ignores them too, and we pass none of them on."""
+    return [int(sig) for sig in (*FORWARDED, signal.SIGTSTP)
+            if signal.getsignal(sig) == signal.SIG_IGN]
 
 
 def send(sock: socket.socket, message: bytes, fds: list[int]) -> None:
@@ -106,18 +142,25 @@ def send(sock: socket.socket, message: bytes, fds: list[int]) -> None:
 class Relay:
     """Our signals, passed on to the worker. Installed before the request goes out: the worker
     may write to our terminal before we read its pid, and a Ctrl-C or Ctrl-Z in that moment
-    must reach it, not end or stop this process alone. Until the pid is known they wait."""
+    must reach it, not end or stop this process alone. Until the pid is known a Ctrl-Z waits,
+    and an ending signal ends the wait (the worker has not started the command) and then this
+    process. Signals we were told to ignore stay ignored, here and in the worker."""
 
     def __init__(self) -> None:
         self.worker: int | None = None
         self.waiting: list[int] = []
-        self.before = {sig: signal.getsignal(sig) for sig in (*FORWARDED, signal.SIGTSTP)}
+        self.abandon = True  # until the worker is known, an ending signal ends the wait
+        skip = ignored()
+        self.before = {sig: signal.getsignal(sig) for sig in (*FORWARDED, signal.SIGTSTP)
+                       if sig not in skip}
         for sig in self.before:
             signal.signal(sig, self.on_signal)
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.worker is None:
             self.waiting.append(signum)
+            if signum != signal.SIGTSTP and self.abandon:
+                raise Abandoned  # a server that does not answer must not hold Ctrl-C
         elif signum == signal.SIGTSTP:
             self.suspend()
         else:
@@ -161,6 +204,10 @@ def run_warm(path: str, argv: list[str]) -> int | None:
         return None
     relay = Relay()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # bounded: a frozen or wedged server is given up after ANSWER seconds, and a Ctrl-C, SIGTERM
+    # or SIGHUP meanwhile ends the wait at once. The worker had not said its pid, so it had not
+    # started the command; and it never will: its first word would go to a closed socket.
+    sock.settimeout(ANSWER)
     try:
         sock.connect(path)
         if not peer_is_us(sock):  # another user's socket: neither our env nor our stdio
@@ -168,12 +215,14 @@ def run_warm(path: str, argv: list[str]) -> int | None:
         send(sock, _message(argv), [0, 1, 2])
         reader = sock.makefile("rb")
         first = reader.readline()
-    except OSError:  # none there, a stale socket, a closed stdin: run it here
+    except (OSError, Abandoned):  # none there, a stale socket, a closed stdin: run it here
         first = b""
+    relay.abandon = False
     if not first.startswith(b"pid "):  # or the server is ending
         sock.close()
-        relay.restore()
+        relay.restore()  # a signal that came meanwhile is ours now: it ends this process
         return None
+    sock.settimeout(None)
     relay.attach(int(first.split()[1]))
     last = reader.readline()
     sock.close()
@@ -232,10 +281,11 @@ def servers() -> list[dict[str, Any]]:
             continue
         answer = ask(str(p), "status")
         if answer is None:
-            try:
-                p.unlink()
-            except OSError:
-                pass
+            if nobody_listens(str(p)):  # a killed server's (a slow one keeps its socket)
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
             continue
         found.append({**answer, "path": str(p)})
     return found

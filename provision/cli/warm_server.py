@@ -61,6 +61,25 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return request, list(fds)
 
 
+def become_limited(request: dict[str, Any]) -> None:
+    """The client's priority (nice) and resource limits (ulimit), as far as we may take them:
+    a limit is lowered, or raised up to the hard limit the server has (only root may raise a
+    hard limit); one the kernel refuses stays the server's."""
+    import resource
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, int(request.get("nice", 0)))
+    except (OSError, ValueError):
+        pass  # a nicer server than its client: a user may not lower the value again
+    for name, (soft, hard) in (request.get("limits") or {}).items():
+        which = getattr(resource, str(name), None)
+        if not isinstance(which, int):
+            continue
+        try:
+            resource.setrlimit(which, (int(soft), int(hard)))
+        except (OSError, ValueError):
+            pass
+
+
 def _stream(fd: int, mode: str, encoding: str | None) -> Any:
     """A fresh standard stream on ``fd``: buffered as Python buffers a terminal or a pipe."""
     raw = io.FileIO(fd, mode[0], closefd=False)
@@ -90,15 +109,20 @@ def work(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    time.tzset()  # the client's $TZ: run ids and "newest" are in its time, not the server's
     os.umask(int(request["umask"]))
+    become_limited(request)
     sys.argv = [request.get("argv0") or "gpu-provision", *request["argv"]]
     encodings = request.get("encodings") or [None, None, None]
     sys.stdin = _stream(0, "r", encodings[0])
     sys.stdout = _stream(1, "w", encodings[1])
     sys.stderr = _stream(2, "w", encodings[2])
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD, signal.SIGTSTP):
         signal.signal(sig, signal.SIG_DFL)
+    ignored = [int(s) for s in request.get("ignored") or []]
+    for num in ignored:  # as the client's were (nohup, a script's background job)
+        signal.signal(num, signal.SIG_IGN)
     conn.sendall(f"pid {os.getpid()}\n".encode())
 
     def client_gone() -> None:  # the client was killed: end as if Ctrl-C had been pressed
@@ -106,8 +130,8 @@ def work(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
             gone = conn.recv(1) == b""
         except OSError:
             gone = True
-        if gone:
-            os.kill(os.getpid(), signal.SIGINT)
+        if gone:  # (SIGTERM where the client ignored Ctrl-C: it still ends)
+            os.kill(os.getpid(), signal.SIGTERM if signal.SIGINT in ignored else signal.SIGINT)
 
     threading.Thread(target=client_gone, daemon=True).start()
     from .main import main
@@ -202,8 +226,10 @@ class Server:
                 try:
                     code = work(conn, request, fds)
                 finally:
-                    finish(conn, code)
-                    os._exit(code & 0xFF)
+                    try:
+                        finish(conn, code)
+                    finally:  # whatever failed: a worker never goes back to serving
+                        os._exit(code & 0xFF)
             self.workers.add(pid)
             self.served += 1
             self.last = time.time()

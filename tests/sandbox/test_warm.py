@@ -169,3 +169,56 @@ def test_a_killed_servers_socket_is_replaced(hosts: Hosts, kept: Kept) -> None:
     assert row["pid"] != pid and row["served"] == 0
     kept.ok("-H", info.inventory, "jobs", "--json")
     assert served(kept) == 1
+
+
+def test_a_frozen_server_holds_neither_ctrl_c_nor_the_command(hosts: Hosts, kept: Kept) -> None:
+    """A warm server that never answers (stopped, wedged): Ctrl-C ends the client at once; a
+    command left alone runs here after a bounded wait; and when the server wakes, the requests
+    it then reads run nowhere (at most once: the worker's first word goes to a closed socket)."""
+    info = hosts.get("cpu-only")
+    warmed(kept, "-H", info.inventory, "jobs", "--json")
+    pid = server(kept)
+    once = info.path("/root/once.txt")
+    once.unlink(missing_ok=True)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        waiting = popen(kept, "-H", info.inventory, "jobs", "--json")
+        time.sleep(1.5)  # it has sent its request and waits for the worker's pid
+        asked = time.monotonic()
+        waiting.send_signal(signal.SIGINT)
+        out, _ = waiting.communicate(timeout=10)
+        assert time.monotonic() - asked < 2, "Ctrl-C waited for the frozen server"
+        assert waiting.returncode == 130 and "Traceback" not in out, out
+        started = time.monotonic()
+        alone = kept("-H", info.inventory, "run", "--json", "--no-code", "--workdir", "/root",
+                     "--", "bash", "-c", "echo ran >> /root/once.txt")
+        assert alone.returncode == 0, alone.stderr
+        assert time.monotonic() - started < 60  # the wait for the server is bounded (10 s)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    harness.wait_until(lambda: once.exists() and once.read_text() == "ran\n", "the job's line")
+    time.sleep(3)  # the woken server has read both requests by now
+    assert once.read_text() == "ran\n"  # the job ran once, not again from the woken server
+
+
+def test_signals_the_shell_told_it_to_ignore_stay_ignored(hosts: Hosts, kept: Kept) -> None:
+    """`nohup gpu-provision ... &`: a hangup reaches neither the client nor its warm worker."""
+    info = hosts.get("cpu-only")
+    warmed(kept, "-H", info.inventory, "jobs", "--json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, **kept.env, "GPU_PROVISION_HOME": str(kept.home), "COLUMNS": "200"}
+    hup = subprocess.Popen([sys.executable, "-m", "provision", "-H", info.inventory, "forward",
+                            f"8999:{port}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, process_group=0,
+                           preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    assert hup.stdout is not None and "http://" in hup.stdout.readline()
+    assert len(warm_pids(kept)) == 2  # served warm
+    hup.send_signal(signal.SIGHUP)
+    time.sleep(2)
+    assert hup.poll() is None and len(warm_pids(kept)) == 2 and not free(port)
+    hup.send_signal(signal.SIGINT)
+    assert hup.wait(timeout=30) == 0
+    harness.wait_until(lambda: len(warm_pids(kept)) == 1 and free(port), "the worker to end",
+                       timeout=20)

@@ -56,3 +56,61 @@ def test_an_edited_or_upgraded_program_gets_another_server(tmp_path: Path) -> No
     third = warm.code_key(root)
     (root / "cli" / "__pycache__" / "main.cpython-311.pyc").write_bytes(b"\0\0")
     assert warm.code_key(root) == third
+
+
+def test_an_upgraded_dependency_gets_another_server(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "provision"
+    root.mkdir()
+    site = tmp_path / "site-packages"
+    (site / "paramiko-5.1.0.dist-info").mkdir(parents=True)
+    monkeypatch.setattr("sys.path", [str(site)])
+    first = warm.code_key(root)
+    (site / "paramiko-5.1.0.dist-info").rename(site / "paramiko-5.2.0.dist-info")  # pip install -U
+    assert warm.code_key(root) != first
+
+
+def test_the_worker_takes_the_clients_time_zone_priority_and_limits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the client sends (warm._message) is what a forked worker becomes (become_limited,
+    time.tzset in work): a command run warm keeps the client's TZ, nice and ulimits."""
+    import json
+    import resource
+    import time
+
+    from provision.cli import warm_server
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the client: lower its own limits and priority, then say what it sends
+        try:
+            os.close(read)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+            os.nice(3)
+            os.write(write, warm._message(["-H", "box", "jobs"]))
+        finally:
+            os._exit(0)
+    os.close(write)
+    request = json.loads(os.fdopen(read, "rb").read())
+    os.waitpid(pid, 0)
+    assert request["limits"]["RLIMIT_NOFILE"] == [256, hard] and request["env"]["TZ"] == "Asia/Tokyo"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker, as work() sets itself up
+        try:
+            os.close(read)
+            os.environ.clear()
+            os.environ.update(request["env"])
+            time.tzset()
+            warm_server.become_limited(request)
+            os.write(write, json.dumps([resource.getrlimit(resource.RLIMIT_NOFILE),
+                                        os.getpriority(os.PRIO_PROCESS, 0),
+                                        time.strftime("%z")]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    got = json.loads(os.fdopen(read, "rb").read())
+    os.waitpid(pid, 0)
+    assert got == [[256, hard], request["nice"], "+0900"]
+    assert request["nice"] == os.getpriority(os.PRIO_PROCESS, 0) + 3
