@@ -32,6 +32,10 @@ import paramiko
 from .rundir import peer_is_us
 
 HEADER = struct.Struct(">cI")
+# Output a channel holds for a reader that does not read: past it the relay stops reading the
+# keeper's socket, the keeper blocks on it and stops reading the SSH channel, whose window then
+# stops the host's writer, as paramiko's own window (2 MiB) does over a fresh connection.
+BUFFERED = 4 << 20
 STDOUT, STDERR, STATUS, STDIN, EOF, WINDOW = b"o", b"e", b"x", b"i", b"f", b"w"
 SIGNAL = b"s"
 
@@ -308,6 +312,8 @@ class RelayChannel:
             while (frame := recv_frame(self.sock)) is not None:
                 kind, data = frame
                 with self._cond:
+                    while len(self.out) + len(self.err) > BUFFERED and not self.closed:
+                        self._cond.wait()  # flow control: until the reader takes some
                     if kind == STDOUT:
                         self.out += data
                     elif kind == STDERR:
@@ -333,6 +339,7 @@ class RelayChannel:
                 self._cond.wait(left)
             data = bytes(buf[:n])
             del buf[:n]
+            self._cond.notify_all()  # room again for a pump held back by BUFFERED
             return data
 
     def recv(self, nbytes: int) -> bytes:

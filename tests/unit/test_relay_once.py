@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,3 +84,38 @@ def test_a_channel_that_runs_nothing_may_be_asked_again(slow: tuple[SlowKeeper, 
     with pytest.raises(paramiko.SSHException):
         transport.open({"op": "subsystem", "name": "sftp"})
     assert [r["op"] for r in keeper.requests] == ["subsystem", "subsystem"]  # harmless twice
+
+
+def test_a_reader_that_does_not_read_holds_the_keeper_back(tmp_path: Path) -> None:
+    """Flow control end to end: output for a paused reader stops being taken from the keeper
+    after relay.BUFFERED (then the keeper stops reading the host's channel); reading again lets
+    all of it through, in order."""
+    path = str(tmp_path / "k")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    total, chunk = 64 << 20, bytes(range(256)) * 256  # 64 MiB in 64 KiB frames
+    sent = [0]
+
+    def keeper() -> None:
+        conn, _ = listener.accept()
+        relay.read_line(conn)
+        conn.sendall(b'{"ok": true}\n')
+        lock = threading.Lock()
+        while sent[0] < total:
+            relay.send_frame(conn, relay.STDOUT, chunk, lock)
+            sent[0] += len(chunk)
+        relay.send_frame(conn, relay.STATUS, b"0", lock)
+        conn.close()
+
+    threading.Thread(target=keeper, daemon=True).start()
+    chan = relay.RelayChannel(relay.RelayTransport(path, 5, lambda: path))
+    chan.exec_command("cat big")
+    time.sleep(1.5)  # the reader is paused
+    held = sent[0]
+    assert held < relay.BUFFERED + (8 << 20), f"{held >> 20} MiB taken for a paused reader"
+    got = bytearray()
+    while data := chan.recv(1 << 20):
+        got += data
+    assert len(got) == total and got[:len(chunk)] == chunk and chan.recv_exit_status() == 0
+    listener.close()
