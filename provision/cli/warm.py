@@ -34,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ..remote.rundir import nobody_listens, peer_is_us, run_dir
+from ..remote.rundir import SAFE_PATH, nobody_listens, peer_is_us, run_dir
 
 PREFIX = "w-"  # a warm server's socket name: w- and 17 hex digits (a keeper's is 20 hex digits)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -243,7 +243,8 @@ def start_server(path: str) -> None:
     root = str(Path(__file__).resolve().parents[2])
     rest = os.environ.get("PYTHONPATH")
     try:
-        subprocess.Popen([sys.executable, "-m", "provision.cli.warm_server", path, str(idle)],
+        subprocess.Popen([sys.executable, *SAFE_PATH, "-m", "provision.cli.warm_server", path,
+                          str(idle)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, cwd="/", start_new_session=True,
                          env={**os.environ,

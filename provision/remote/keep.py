@@ -47,7 +47,7 @@ from paramiko.hostkeys import HostKeys
 from ..errors import ProvisionError, SSHError
 from . import rundir
 from .relay import Gone, RelayTransport, ask
-from .rundir import NAME_LEN, run_dir
+from .rundir import NAME_LEN, SAFE_PATH, run_dir
 
 if TYPE_CHECKING:
     from ..config.inventory import Target
@@ -284,7 +284,8 @@ def _launch(target: Target, ident: str, timeout: float,
             "known_hosts": str(known_hosts)}
     try:
         # the run dir on the command line: `ps` says what it is, and a test harness finds its own
-        proc = subprocess.Popen([sys.executable, "-m", "provision.remote.keeper", str(d)],
+        proc = subprocess.Popen([sys.executable, *SAFE_PATH, "-m", "provision.remote.keeper",
+                                 str(d)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, cwd="/", start_new_session=True,
                                 env={**os.environ, "PYTHONPATH": _import_root()})

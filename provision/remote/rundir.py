@@ -8,11 +8,16 @@ import os
 import socket
 import stat
 import struct
+import sys
 import tempfile
 from pathlib import Path
 
 SUN_PATH = 100  # bytes a socket path may take everywhere (macOS: 104 with the NUL)
 NAME_LEN = 20  # a keeper's socket name: 20 hex digits
+# How our background programs start: python -m puts its working folder (ours: /) first on
+# sys.path, before the standard library; -P (3.11+) leaves it out, so no file there is ever
+# imported in place of a module
+SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
 
 
 # Why the last run dir asked for was refused ("" when it was not): the kept connection says it
