@@ -150,6 +150,7 @@ class Relay:
         self.worker: int | None = None
         self.waiting: list[int] = []
         self.abandon = True  # until the worker is known, an ending signal ends the wait
+        self.passed: int | None = None  # the last ending signal passed on to the worker
         skip = ignored()
         self.before = {sig: signal.getsignal(sig) for sig in (*FORWARDED, signal.SIGTSTP)
                        if sig not in skip}
@@ -169,6 +170,8 @@ class Relay:
     def pass_on(self, signum: int) -> None:
         if self.worker is None:
             return
+        if signum != signal.SIGCONT and signum != signal.SIGSTOP:
+            self.passed = signum
         try:
             os.kill(self.worker, signum)
         except ProcessLookupError:
@@ -228,7 +231,11 @@ def run_warm(path: str, argv: list[str]) -> int | None:
     sock.close()
     if last.startswith(b"exit "):
         return int(last.split()[1])
-    # the worker ended without its exit code: killed (it says nothing more then)
+    # the worker ended without its exit code: killed (it says nothing more then). By the signal
+    # we passed on: we end by it too, as the command would have without a warm start
+    if relay.passed is not None and relay.passed != signal.SIGINT:
+        signal.signal(relay.passed, signal.SIG_DFL)
+        os.kill(os.getpid(), relay.passed)
     print("gpu-provision: the command ended without an exit status (killed?)", file=sys.stderr)
     return 1
 

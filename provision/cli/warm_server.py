@@ -26,7 +26,7 @@ import traceback
 from importlib import import_module
 from typing import IO, Any
 
-from ..remote.rundir import peer_is_us
+from ..remote.rundir import peer_is_us, peer_shares_our_namespaces
 
 WAIT = 1.0  # seconds between looks at the idle clock and at finished workers
 SKIP = ("provision.cli.warm_server", "provision.remote.keeper")  # programs, not libraries
@@ -206,8 +206,8 @@ class Server:
         fds: list[int] = []
         try:
             conn.settimeout(5.0)
-            if not peer_is_us(conn):
-                return True
+            if not peer_is_us(conn) or not peer_shares_our_namespaces(conn):
+                return True  # (the client runs the command by itself)
             request, fds = receive(conn)
             op = request.get("op")
             if op in ("status", "stop"):

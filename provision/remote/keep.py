@@ -256,7 +256,10 @@ def kept(target: Target, timeout: int, notify: Callable[[str], None] | None,
 
     def renew() -> str:
         old = relay.path
-        stop(old)
+        # a keeper that still says its link is alive was only slow: the other commands on it
+        # go on (``_alive`` stops one whose link is gone)
+        if _alive(old, float(timeout)):
+            return old
         _wait_gone(old, min(float(timeout), 5.0))  # else start() finds the dying keeper again
         new = start()
         if new is None:

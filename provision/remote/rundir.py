@@ -115,6 +115,26 @@ def peer_is_us(sock: socket.socket) -> bool:
     return True  # no way to ask here: the checked folder is the guard
 
 
+def peer_shares_our_namespaces(sock: socket.socket) -> bool:
+    """Whether the peer sees the same processes and files as we do (its pid and mount
+    namespaces are ours; Linux only, elsewhere True). A client in another namespace (unshare,
+    a container sharing /tmp) would have its signals go to the wrong pid and its folder read in
+    our mounts: it runs by itself instead. The kernel gives the peer's pid as we see it; 0 when
+    we cannot see it at all."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None or not os.path.exists("/proc/self/ns/pid"):
+        return True
+    pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred,
+                                              struct.calcsize("3i")))[0]
+    if pid <= 0:
+        return False
+    try:
+        return all(os.readlink(f"/proc/{pid}/ns/{ns}") == os.readlink(f"/proc/self/ns/{ns}")
+                   for ns in ("pid", "mnt"))
+    except OSError:
+        return False
+
+
 def nobody_listens(path: str) -> bool:
     """A socket file that nothing listens on any more (its server was killed): the kernel
     refuses a connect at once. A slow or busy server is not that, and its socket is kept."""

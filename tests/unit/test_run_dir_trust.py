@@ -6,8 +6,11 @@ made here by fork and setuid (the suite runs as root, as CI does)."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import struct
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -201,3 +204,27 @@ def test_only_a_socket_nobody_listens_on_counts_as_stale(tmp_path: Path) -> None
     assert not rundir.nobody_listens(str(tmp_path / "slow"))
     assert rundir.nobody_listens(str(tmp_path / "dead"))
     slow.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/ns/pid").exists() or not shutil.which("unshare"),
+                    reason="needs Linux namespaces and unshare")
+def test_a_client_in_another_pid_namespace_is_told_apart(tmp_path: Path) -> None:
+    """Its pid means another process here (signals passed on would go astray): the warm
+    server does not serve it, and the command runs by itself."""
+    path = str(tmp_path / "s")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.settimeout(20)
+    listener.bind(path)
+    listener.listen(2)
+    connect = f"import socket, time; s = socket.socket(socket.AF_UNIX); s.connect({path!r}); time.sleep(3)"
+    other = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                              connect])
+    theirs, _ = listener.accept()
+    assert rundir.peer_is_us(theirs) and not rundir.peer_shares_our_namespaces(theirs)
+    same = subprocess.Popen([sys.executable, "-c", connect])
+    ours, _ = listener.accept()
+    assert rundir.peer_shares_our_namespaces(ours)
+    for p in (other, same):
+        p.wait(10)
+    for s in (theirs, ours, listener):
+        s.close()
