@@ -39,6 +39,7 @@ class Generation:
     first: int  # the first branch that drives it
     open: bool  # runs the open kernel modules
     open_only: bool  # runs nothing else
+    pci_from: int  # its first PCI device id: what places a GPU the data does not name
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,14 @@ def _cc(text: str) -> tuple[int, int]:
 def generations() -> tuple[Generation, ...]:
     return tuple(Generation(str(g["name"]), _cc(g["below"]) if "below" in g else None,
                             g.get("last"), int(g.get("first", 0)), bool(g["open"]),
-                            bool(g.get("open_only", False)))
+                            bool(g.get("open_only", False)), int(g["pci_from"]))
                  for g in table()["generations"])
+
+
+def generation_of_pci_id(device_id: str) -> Generation:
+    """The generation of a GPU the data does not name, by its PCI device id's range."""
+    n = int(device_id, 16)
+    return [g for g in generations() if g.pci_from <= n][-1]
 
 
 def generation(cc: tuple[int, int]) -> Generation:
@@ -107,6 +114,15 @@ def choose(caps: list[tuple[int, int]], facts: HostFacts) -> Pick:
     source = SOURCES[route]
     _refuse_host(facts, route, key)
     gens = [generation(c) for c in caps]
+    by_id = ""
+    if not gens:  # the model is newer than the data: its PCI id says which generation it is
+        ids = sorted({g.device_id for g in facts.pci_gpus if g.device_id})
+        if facts.pci_gpus and not ids:
+            raise NoDriver("the GPU's model is unknown to the data and lspci gives no PCI id to "
+                           "place it by: which kernel modules drive it cannot be told; install "
+                           "the NVIDIA driver by hand, then run bootstrap again")
+        gens = [generation_of_pci_id(i) for i in ids]
+        by_id = f" (by PCI id {', '.join(f'10de:{i}' for i in ids)}: the data does not name it)"
     names = " and ".join(sorted({g.name for g in gens}))
     if any(g.open_only for g in gens) and not all(g.open for g in gens):
         raise NoDriver(f"{names} GPUs in one host: Blackwell runs only the open kernel modules, "
@@ -119,13 +135,13 @@ def choose(caps: list[tuple[int, int]], facts: HostFacts) -> Pick:
         need = " and ".join(p for p in (f">= {first}" if first else "",
                                           f"<= {last}" if last else "") if p)
         raise NoDriver(f"{source} for {key} has driver branches {', '.join(map(str, branches))}, "
-                       f"and {names} needs a branch {need}: {row['otherwise']}")
+                       f"and {names}{by_id} needs a branch {need}: {row['otherwise']}")
     prefer = int(table()["prefer"])
     branch = prefer if prefer in fits else max((b for b in fits if b < prefer), default=min(fits))
     open_ = bool(gens) and all(g.open for g in gens) and route != "elrepo" and (
         branch >= OPEN_DEFAULT_FROM or any(g.open_only for g in gens))
     flavour = "open" if open_ else "proprietary"
-    who = names + ": " if gens else "the GPU's model is unknown to the data: "
+    who = f"{names}{by_id}: " if gens else "the GPU's model is unknown to the data: "
     why = (f"{who}branch {branch} with the {flavour} kernel modules ({source} for {key} has "
            f"{', '.join(map(str, branches))})")
     signed = route == "ubuntu" and bool(facts.secure_boot)
