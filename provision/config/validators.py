@@ -114,9 +114,18 @@ def env_vars(values: list[str]) -> str | None:
 
 
 # how many, as listings write it: "RTX 4090 x2", "8x H100 SXM", "8 x A100", "gpu_8x_h100_sxm5"
-COUNT_AFTER = re.compile(r"(?<![A-Za-z0-9.])[x×]\s*(?P<n>\d+)(?![A-Za-z0-9.])")
-COUNT_BEFORE = re.compile(r"(?<![A-Za-z0-9.])(?P<n>\d+)\s*[x×](?=[\s_]|$)")
+# (a count has one or two digits: "4 x 4090" is four 4090s, never one "4" times 4090)
+COUNT_AFTER = re.compile(r"(?<![A-Za-z0-9.])[x×]\s*(?P<n>\d{1,2})(?![A-Za-z0-9.])")
+COUNT_BEFORE = re.compile(r"(?<![A-Za-z0-9.])(?P<n>\d{1,2})\s*[x×](?=[\s_]|$)")
 GPU_CLAIM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._()/+×-]*")
+
+
+def spaced(text: str) -> str:
+    """A claim with its run-together words apart, as renters also type them: "8xH100" and
+    "4x4090" (count first), "H100x8" and "4090x2" (count after), "RTX4090"."""
+    text = re.sub(r"(?<![A-Za-z0-9.])(\d{1,2})\s*([x×])(?=[A-Za-z]|\d{3})", r"\1\2 ", text)
+    text = re.sub(r"(\d)([x×])(\d{1,2})(?![A-Za-z0-9.])", r"\1 \2\3", text)
+    return re.sub(r"(?i)\b(rtx|gtx)(?=\d)", r"\1 ", text)
 
 
 def _counts(text: str) -> list[re.Match[str]]:
@@ -132,7 +141,7 @@ def _counts(text: str) -> list[re.Match[str]]:
 def split_gpu_claim(value: str) -> tuple[str, int | None]:
     """``8x H100 SXM`` -> ("H100 SXM", 8); ``RTX 4090`` -> ("RTX 4090", None). The model is then
     matched against nvidia-smi's name by the validation payload (templates/gpu/gpu_names.py)."""
-    text = value.strip()
+    text = spaced(value.strip())
     found = _counts(text)
     if not found:
         return text, None
@@ -144,7 +153,7 @@ def split_gpu_claim(value: str) -> tuple[str, int | None]:
 def gpu_claim(value: str) -> str | None:
     """The GPU that was advertised: a model as the platform lists it and how many, the count
     before or after it (``RTX 4090 x2``, ``8x H100 SXM``, ``1x A100 SXM4 (40 GB)``)."""
-    text = value.strip()
+    text = spaced(value.strip())
     found = _counts(text)
     model, count = split_gpu_claim(text)
     stray = re.search(r"(?:^|\s)[x×](?:\s|$)|(?:^|\s)[x×]\s*[^\d\s]\S*$", model)  # "x", "x two"

@@ -20,8 +20,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-DROP = {"nvidia", "geforce", "tesla", "quadro", "q", "rtx", "generation", "gpu", "gpus", "hbm3", "hbm3e",
-        "hbm2", "hbm2e", "gddr6", "gddr6x", "gddr7", "oam", "ac", "cc"}
+DROP = {"nvidia", "geforce", "tesla", "quadro", "q", "rtx", "gtx", "generation", "gpu", "gpus",
+        "hbm3", "hbm3e", "hbm2", "hbm2e", "gddr6", "gddr6x", "gddr7", "oam", "ac", "cc", "hgx"}
+# a word before the model number that belongs after it: "RTX PRO 6000" is the 6000 of the PRO
+# line ("NVIDIA RTX PRO 6000 Blackwell Server Edition"), neither the Quadro RTX 6000 nor the
+# RTX 6000 Ada; listings also write it "RTX 6000 Pro"
+AFTER_NUMBER = {"pro"}
+# how listings shorten the board's words: "RTX PRO 6000 WK" (Workstation Edition), "MaxQ"
+ALIASES = {"wk": "workstation", "ws": "workstation", "maxq": "max"}
 SUFFIXES = {"s": "super", "ti": "ti", "super": "super", "d": "d", "ada": "ada"}
 # families whose nvidia-smi name carries no form factor for the SXM board: "NVIDIA H100 80GB
 # HBM3", "NVIDIA H200", "NVIDIA B200" are SXM; their PCIe and NVL boards say so in the name
@@ -35,7 +41,10 @@ def _tokens(text: str) -> list[str]:
     text = re.sub(r"(\d)[\s-]+(gb|gib|g)\b", r"\1\2", text)  # "80 GB", "80-GB" -> "80gb"
     text = re.sub(r"\b(\d+)\s*x\s+", r"\1x ", text)  # "8 x H100" -> "8x H100"
     text = re.sub(r"\bx\s+(\d+)\b", r"x\1", text)  # "H100 x 8" -> "H100 x8"
-    words = [w for w in re.split(r"[\s_\-(),/]+", text) if w]
+    words = [ALIASES.get(w, w) for w in re.split(r"[\s_\-(),/]+", text) if w]
+    for i in range(len(words) - 1):  # "pro 6000" -> "6000 pro"
+        if words[i] in AFTER_NUMBER and re.fullmatch(r"\d{3,4}", words[i + 1]):
+            words[i], words[i + 1] = words[i + 1], words[i]
     out: list[str] = []
     for w in words:
         # "6000ada" -> "6000 ada", "4080s" -> "4080 super", "4090d" -> "4090 d", "a100x" stays
@@ -73,7 +82,15 @@ def parse(text: str) -> dict[str, Any]:
     return {"model": model, "form": form, "memory_gb": memory, "count": count}
 
 
-IGNORED_EXTRA = {"blackwell", "edition", "hopper", "ampere", "lovelace"}  # descriptive name words
+# descriptive name words: the generation, and which edition of one board (the RTX PRO 6000's
+# "Server Edition", "Workstation Edition", "Max-Q Workstation Edition" are one chip and memory)
+IGNORED_EXTRA = {"blackwell", "edition", "hopper", "ampere", "lovelace", "server", "workstation",
+                 "max"}
+
+
+def model_key(model: list[str]) -> list[str]:
+    """A model's words without the descriptive ones: what tells one card from another."""
+    return [w for w in model if w not in IGNORED_EXTRA]
 
 
 def same_model(want: list[str], have: list[str]) -> bool:
