@@ -278,6 +278,14 @@ def test_busy_as_the_renter_means_it(host: harness.HostInfo, gp_home: Path,
     client.connect(host.host, port=host.port, username=host.user, key_filename=host.key,
                    allow_agent=False, look_for_keys=False)
     try:
+        # a VS Code server and its SSH connection (no terminal: the session is "root@notty")
+        ssh(host, "setsid bash -c 'exec -a /root/.vscode-server/bin/c0de/node sleep 60' "
+                  "> /dev/null 2>&1 < /dev/null & echo $! > /root/vscode.pid")
+        client.exec_command("sleep 30")
+        try:
+            busy_with(host, where, "a VS Code server with an SSH connection runs")
+        finally:
+            ssh(host, "kill $(cat /root/vscode.pid); true")
         client.exec_command("sleep 60", get_pty=True)
         busy_with(host, where, "an SSH login is open (root@pts/")
         assert [c for c in host.calls()[n:] if c["tool"] == "shutdown"] == []
