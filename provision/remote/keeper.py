@@ -128,6 +128,12 @@ class Keeper:
             elif op == "stop":
                 self.stopping = True
                 client.sendall(b'{"ok": true}\n')
+            elif op == "probe":  # does the host answer on our link now? (relay.py: at most once)
+                wait = float(header.get("wait") or self.timeout)  # the asking command's timeout
+                answered = self._ask_server().wait(min(wait, self.timeout))
+                if not answered:
+                    self.stopping = True  # a dead link: the next command connects afresh
+                client.sendall(json.dumps({"answered": answered}).encode() + b"\n")
             else:
                 self._channel(client, header)
         except (OSError, ValueError, relay.Gone):

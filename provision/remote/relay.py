@@ -204,10 +204,11 @@ class RelayTransport:
             try:
                 sock, answer = ask(self.path, header, self.timeout)
             except Gone as exc:
-                if exc.sent and header.get("op") in ("exec", "shell"):
-                    # at most once: the keeper may have started it on the host and only its
-                    # answer was late; sending it again could run it twice. The keeper is left
-                    # alone (other commands share it); this command fails, saying what is known
+                if exc.sent and header.get("op") in ("exec", "shell") and self._link_answers():
+                    # at most once: the link is alive, so the host may have started it and only
+                    # the answer was late; sending it again could run it twice. The keeper is
+                    # left alone (other commands share it); this command fails, saying so. (A
+                    # link that does not answer now took the command nowhere: a fresh one runs it)
                     raise paramiko.SSHException(
                         f"the kept connection did not answer within {self.timeout:g}s after the "
                         "command was sent; it may have started on the host, so it is not sent "
@@ -227,6 +228,16 @@ class RelayTransport:
                 raise paramiko.SSHException(str(answer.get("error") or "refused by the host"))
             self.path = self.renew()
         raise AssertionError("unreachable")
+
+    def _link_answers(self) -> bool:
+        """Whether the keeper's SSH link answers the host's keepalive now; True when that cannot
+        be told (a keeper that does not answer either: the command's fate is unknown)."""
+        try:
+            sock, answer = ask(self.path, {"op": "probe", "wait": self.timeout}, self.timeout + 5)
+        except Gone:
+            return True
+        sock.close()
+        return answer.get("answered") is not False
 
     def forget(self, sock: socket.socket) -> None:
         with self._lock:

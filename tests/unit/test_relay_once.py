@@ -19,9 +19,11 @@ from provision.remote import relay
 
 
 class SlowKeeper:
-    """Reads each request line and never answers in time (a keeper behind a slow link)."""
+    """Reads each request line and never answers in time (a keeper behind a slow link); a
+    probe of its link it answers with ``link`` (None: not at all)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, link: bool | None = True):
+        self.link = link
         self.requests: list[dict[str, object]] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
@@ -36,7 +38,10 @@ class SlowKeeper:
             except OSError:
                 return
             self.held.append(conn)
-            self.requests.append(json.loads(relay.read_line(conn)))
+            request = json.loads(relay.read_line(conn))
+            self.requests.append(request)
+            if request["op"] == "probe" and self.link is not None:
+                conn.sendall(json.dumps({"answered": self.link}).encode() + b"\n")
 
     def close(self) -> None:
         self.listener.close()
@@ -64,7 +69,8 @@ def test_a_command_sent_is_never_sent_again(slow: tuple[SlowKeeper, str], tmp_pa
     with pytest.raises(paramiko.SSHException, match=r"did not answer within 0\.5s after the "
                        r"command was sent; it may have started on the host, so it is not sent"):
         transport.open({"op": "exec", "command": "python train.py", "env": {}})
-    assert [r["command"] for r in keeper.requests] == ["python train.py"]  # once
+    assert [r.get("command") for r in keeper.requests] == ["python train.py", None]  # once
+    assert keeper.requests[1]["op"] == "probe"  # the link answers: the host may have it
     assert renewed == []  # the keeper the other commands share was left alone
 
 
@@ -75,7 +81,21 @@ def test_a_request_that_never_went_out_is_retried(tmp_path: Path,
     # no keeper at the first path (it ended): the request goes to the renewed one, once
     with pytest.raises(paramiko.SSHException, match="may have started on the host"):
         transport.open({"op": "exec", "command": "echo once", "env": {}})
-    assert [r["command"] for r in keeper.requests] == ["echo once"]
+    assert [r.get("command") for r in keeper.requests] == ["echo once", None]
+
+
+def test_a_command_sent_into_a_dead_link_runs_on_a_fresh_one(tmp_path: Path) -> None:
+    """The link dropped silently (NAT, a sleeping laptop): the keeper's probe of it gets no
+    answer, so the command went nowhere; the fresh keeper runs it (once)."""
+    dead = SlowKeeper(str(tmp_path / "dead"), link=False)
+    fresh = SlowKeeper(str(tmp_path / "fresh"), link=True)
+    transport = relay.RelayTransport(str(tmp_path / "dead"), 0.5, lambda: str(tmp_path / "fresh"))
+    with pytest.raises(paramiko.SSHException, match="may have started on the host"):
+        transport.open({"op": "exec", "command": "python train.py", "env": {}})
+    assert [r["op"] for r in dead.requests] == ["exec", "probe"]
+    assert [r["op"] for r in fresh.requests] == ["exec", "probe"]  # sent again there, once
+    dead.close()
+    fresh.close()
 
 
 def test_a_channel_that_runs_nothing_may_be_asked_again(slow: tuple[SlowKeeper, str]) -> None:
