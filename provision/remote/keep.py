@@ -77,13 +77,17 @@ def keep_seconds(target: Target) -> int:
 
 def identity(target: Target, known_hosts: Path) -> str:
     """The whole route counts: each jump host (address, login, keys, pin) and the
-    ProxyCommand, so two ways to the same target are two keepers."""
+    ProxyCommand, so two ways to the same target are two keepers; so does a password or
+    passphrase given at the prompt (by its digest): a command with another one logs in with it,
+    and a wrong one is refused as it would be without keeping."""
     key = os.path.abspath(os.path.expanduser(target.key)) if target.key else None
+    secrets = [hashlib.sha256(s.encode()).hexdigest() if s else None
+               for s in (target.password, target.passphrase)]
     route = [h if isinstance(h, dict) else h.to_json() for h in target.route]
     parts = [os.getuid(), target.user, target.host, target.port, key, target.password_env,
              target.pin_name, str(known_hosts), list(target.identity_files),
              target.identities_only, target.agent, target.proxy_command, route,
-             [list(a) for a in target.algorithms]]
+             [list(a) for a in target.algorithms], secrets]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
