@@ -34,6 +34,15 @@ def ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return d
 
 
+@pytest.fixture()
+def short() -> Iterator[Path]:
+    """A folder with a short path (a socket's path is at most about 100 bytes: under pytest-xdist
+    tmp_path is longer than a run dir may be, and such a run dir is passed over unsaid)."""
+    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="rd-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def test_a_run_dir_of_ours_is_made_0700_and_used(ours: Path) -> None:
     assert rundir.run_dir() == ours and rundir.refused == ""
     assert ours.stat().st_mode & 0o777 == 0o700
@@ -59,18 +68,18 @@ def test_a_run_dir_of_another_user_or_open_to_others_is_refused(ours: Path) -> N
     assert rundir.refused == f"{ours}: others may use it (mode 750; 700 is safe)"
 
 
-def test_a_parent_another_user_may_swap_is_refused(tmp_path: Path,
+def test_a_parent_another_user_may_swap_is_refused(short: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """root after `su` keeps the user's XDG_RUNTIME_DIR: a folder that user owns, who may rename
     our folder away and put theirs in its place. A shared folder others may write in is the
     same, unless it is sticky (as /tmp is)."""
-    users = tmp_path / "user-1000"
+    users = short / "user-1000"
     users.mkdir(mode=0o700)
     os.chown(users, NOBODY, NOBODY)
     monkeypatch.setenv("GPU_PROVISION_RUN_DIR", str(users / "gp"))
     assert rundir.run_dir() is None
     assert rundir.refused == f"{users}: user-1000 belongs to uid {NOBODY}, who could swap what is in it"
-    shared = tmp_path / "shared"
+    shared = short / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     monkeypatch.setenv("GPU_PROVISION_RUN_DIR", str(shared / "gp"))
@@ -80,15 +89,15 @@ def test_a_parent_another_user_may_swap_is_refused(tmp_path: Path,
     assert rundir.run_dir() == shared / "gp"
 
 
-def test_a_refused_runtime_dir_falls_back_to_the_temp_one(tmp_path: Path,
+def test_a_refused_runtime_dir_falls_back_to_the_temp_one(short: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    users = tmp_path / "user-1000"
+    users = short / "user-1000"
     users.mkdir(mode=0o700)
     os.chown(users, NOBODY, NOBODY)
     monkeypatch.delenv("GPU_PROVISION_RUN_DIR", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(users))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    assert rundir.run_dir() == tmp_path / "gpu-provision-0"
+    monkeypatch.setattr(tempfile, "tempdir", str(short))
+    assert rundir.run_dir() == short / "gpu-provision-0"
 
 
 class Foreign:
