@@ -215,8 +215,13 @@ def run_warm(path: str, argv: list[str]) -> int | None:
         sock.connect(path)
         if not peer_is_us(sock):  # another user's socket: neither our env nor our stdio
             raise OSError(f"{path} is held by another user")
-        send(sock, _message(argv), [0, 1, 2])
+        send(sock, _message(argv), [])
         reader = sock.makefile("rb")
+        # our stdin, stdout and stderr once the server asks: never in flight to one that does
+        # not read them (a frozen server would hold our pipes open, and whoever reads our
+        # output to its end would wait with it)
+        if reader.readline() == b"fds\n":
+            socket.send_fds(sock, [b"F"], [0, 1, 2])
         first = reader.readline()
     except (OSError, Abandoned):  # none there, a stale socket, a closed stdin: run it here
         first = b""

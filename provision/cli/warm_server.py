@@ -213,7 +213,14 @@ class Server:
             if op in ("status", "stop"):
                 conn.sendall(json.dumps(self.status()).encode() + b"\n")
                 return bool(op == "status")
-            if op != "run" or len(fds) != 3:
+            if op != "run" or fds:
+                return True
+            # the client's stdin, stdout and stderr only now, asked for: descriptors in flight
+            # to a server that never reads them (stopped, wedged) would hold the client's pipes
+            # open, and a caller reading its output to the end would wait for ever
+            conn.sendall(b"fds\n")
+            _, fds, _flags, _addr = socket.recv_fds(conn, 1, 3)
+            if len(fds) != 3:
                 return True
             conn.settimeout(None)
             pid = os.fork()

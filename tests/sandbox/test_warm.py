@@ -175,20 +175,26 @@ def test_a_frozen_server_holds_neither_ctrl_c_nor_the_command(hosts: Hosts, kept
     """A warm server that never answers (stopped, wedged): Ctrl-C ends the client at once; a
     command left alone runs here after a bounded wait; and when the server wakes, the requests
     it then reads run nowhere (at most once: the worker's first word goes to a closed socket)."""
-    info = hosts.get("cpu-only")
+    info = hosts.fresh("cpu-only")  # with an env (as test_hands' box), for `run`
+    harness.in_host(info, "python3", "-m", "venv", "--without-pip", "/root/envs/torch")
+    info.path("/root/.gpu-provision").mkdir(exist_ok=True)
+    info.path("/root/.gpu-provision/expected.json").write_text(json.dumps(
+        {"conda_root": "/root/envs/torch", "env_prefix": "/root/envs/torch"}, indent=1))
     warmed(kept, "-H", info.inventory, "jobs", "--json")
     pid = server(kept)
     once = info.path("/root/once.txt")
     once.unlink(missing_ok=True)
     os.kill(pid, signal.SIGSTOP)
     try:
-        waiting = popen(kept, "-H", info.inventory, "jobs", "--json")
-        time.sleep(1.5)  # it has sent its request and waits for the worker's pid
-        asked = time.monotonic()
-        waiting.send_signal(signal.SIGINT)
-        out, _ = waiting.communicate(timeout=10)
-        assert time.monotonic() - asked < 2, "Ctrl-C waited for the frozen server"
-        assert waiting.returncode == 130 and "Traceback" not in out, out
+        for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM),
+                          (signal.SIGHUP, -signal.SIGHUP)):
+            waiting = popen(kept, "-H", info.inventory, "jobs", "--json")
+            time.sleep(1.5)  # it has sent its request and waits for the worker's pid
+            asked = time.monotonic()
+            waiting.send_signal(sig)
+            out, _ = waiting.communicate(timeout=10)
+            assert time.monotonic() - asked < 2, f"{sig.name} waited for the frozen server"
+            assert waiting.returncode == code and "Traceback" not in out, (sig.name, out)
         started = time.monotonic()
         alone = kept("-H", info.inventory, "run", "--json", "--no-code", "--workdir", "/root",
                      "--", "bash", "-c", "echo ran >> /root/once.txt")
@@ -196,9 +202,13 @@ def test_a_frozen_server_holds_neither_ctrl_c_nor_the_command(hosts: Hosts, kept
         assert time.monotonic() - started < 60  # the wait for the server is bounded (10 s)
     finally:
         os.kill(pid, signal.SIGCONT)
-    harness.wait_until(lambda: once.exists() and once.read_text() == "ran\n", "the job's line")
-    time.sleep(3)  # the woken server has read both requests by now
-    assert once.read_text() == "ran\n"  # the job ran once, not again from the woken server
+    try:
+        harness.wait_until(lambda: once.exists() and once.read_text() == "ran\n",
+                           "the job's line")
+        time.sleep(3)  # the woken server has read both requests by now
+        assert once.read_text() == "ran\n"  # the job ran once, not again from the woken server
+    finally:
+        harness.stop(info.id)
 
 
 def test_signals_the_shell_told_it_to_ignore_stay_ignored(hosts: Hosts, kept: Kept) -> None:
