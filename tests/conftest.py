@@ -21,11 +21,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CI = os.environ.get("CI") == "true"
 
-# The program keeps a connection open per host (remote/keep.py) for 10 minutes by default. The
-# suite's tests each use a state dir of their own, so a kept connection would only linger: they
-# connect afresh, and tests/sandbox/test_keep.py turns keeping on where it is what is tested.
-# Any keeper lives under the sandbox dir, where stop_all ends it.
-os.environ.setdefault("GPU_PROVISION_KEEP", "0")
+# The suite runs what a user runs: the kept connection and the warm start (remote/keep.py,
+# cli/warm.py), on by default. Only their idle time is shorter than a user's 10 minutes: each
+# test has a state dir (and so a known_hosts, and so keepers) of its own, and a finished test's
+# keepers should not pile up. The fresh path (--no-keep) is its own tier: the ``link`` fixture
+# runs each task that opens a channel both ways. Any keeper lives under the sandbox dir, where
+# stop_all ends it.
+os.environ.setdefault("GPU_PROVISION_KEEP", "45")
 os.environ.setdefault("GPU_PROVISION_RUN_DIR", str(harness.keeper_dir()))
 ALLOWED_SKIPS = ROOT / "tests" / "allowed_skips.txt"
 

@@ -430,6 +430,14 @@ def test_status_cancel_replace_and_refusals(host: harness.HostInfo, gp_home: Pat
     view = json.loads(r.stdout)
     assert view["alive"] and pids() == [view["state"]["pid"]]
     assert view["config"]["idle_text"] == "1h"
+    # afresh (--no-keep) it reads the same watchdog as through the kept connection (the default)
+    for how in ([], ["--no-keep"]):
+        seen = gpu_provision("-H", host.inventory, *how, "autostop", "--status", "--json",
+                             home=gp_home, cwd=tmp_path)
+        assert seen.returncode == 0, seen.stderr
+        got = json.loads(seen.stdout)
+        assert (got["alive"], got["state"]["pid"], got["config"]) == \
+            (True, view["state"]["pid"], view["config"])
 
     r = gpu_provision("-H", host.inventory, "autostop", "--cancel", home=gp_home, cwd=tmp_path)
     assert r.returncode == 0 and f"autostop: {host.id}: removed" in r.stdout

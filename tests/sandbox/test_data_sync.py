@@ -20,7 +20,7 @@ from provision.config.inventory import resolve_target
 from provision.setup.session import open_executor
 from provision.store import Store
 from provision.sync.link import measure_link
-from tests.conftest import Hosts, gpu_provision
+from tests.conftest import Hosts, Link, gpu_provision
 from tests.sandbox import harness
 from tests.sandbox.proxy import TcpProxy
 from tests.sandbox.remote import ssh
@@ -195,11 +195,12 @@ rm -f ~/.gpu-provision/jobs/train/pid
 
 def test_watch_pulls_each_checkpoint_once_and_never_half_written(host: harness.HostInfo,
                                                                  gp_home: Path,
-                                                                 tmp_path: Path) -> None:
+                                                                 tmp_path: Path,
+                                                                 link: Link) -> None:
     ssh(host, "rm -rf /root/run /root/.gpu-provision/jobs")
     assert ssh(host, f"mkdir -p /root/run && cat > /root/run/writer.sh <<'EOF'\n{WRITER}\nEOF\n"
                      "setsid nohup bash /root/run/writer.sh > /root/run/writer.out 2>&1 &")[0] == 0
-    env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200"}
+    env = {**os.environ, "GPU_PROVISION_HOME": str(gp_home), "COLUMNS": "200", **link.env}
     watch = subprocess.Popen([sys.executable, "-m", "provision", "-H", host.inventory, "sync",
                               "down", "/root/run", "--dest", str(tmp_path / "run"), "--watch",
                               "ckpt/*.pt", "--settle", "1", "--until-idle", "3s", "--json"],
@@ -232,3 +233,4 @@ def test_watch_pulls_each_checkpoint_once_and_never_half_written(host: harness.H
         assert (tmp_path / "run" / p["path"]).read_bytes() == full[p["path"]]
     assert sorted(os.listdir(tmp_path / "run" / "ckpt")) == ["ep1.pt", "ep2.pt"]  # no part left
     assert "no job of ours runs: done" in "".join(p.read_text() for p in logs.glob("sync-watch-*"))
+    assert link.went_through_a_keeper()

@@ -64,25 +64,33 @@ def free_port() -> int:
 # --- shell ----------------------------------------------------------------------------------
 
 def test_shell_command_runs_in_the_env_in_the_data_dir(box: tuple[harness.HostInfo, str],
-                                                       gp_home: Path, tmp_path: Path) -> None:
+                                                       gp_home: Path, tmp_path: Path,
+                                                       link: Link) -> None:
     info, inv = box
     hostile = ["a b", "it's", "$(id)", "; rm -rf /"]
     r = gpu_provision("-H", inv, "shell", "--", "python", "-c",
                       "import os, sys; print(sys.prefix); print(os.getcwd()); "
-                      "print(sys.argv[1:])", *hostile, home=gp_home, cwd=tmp_path)
+                      "print(sys.argv[1:])", *hostile, home=gp_home, cwd=tmp_path, env=link.env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [ENV, WORK, repr(hostile)]
     # the exit code is the command's; stderr stays stderr; stdin reaches it
     r = gpu_provision("-H", inv, "shell", "--", "bash", "-c", "echo oops >&2; exit 7",
-                      home=gp_home, cwd=tmp_path)
+                      home=gp_home, cwd=tmp_path, env=link.env)
     assert (r.returncode, r.stdout, r.stderr.strip().splitlines()[-1]) == (7, "", "oops")
-    e = dict(os.environ, GPU_PROVISION_HOME=str(gp_home))
+    e = dict(os.environ, GPU_PROVISION_HOME=str(gp_home), **link.env)
     p = subprocess.run([sys.executable, "-m", "provision", "-H", inv, "shell", "--", "wc", "-c"],
                        input="twelve bytes", capture_output=True, text=True, env=e, cwd=tmp_path,
                        timeout=120)
     assert p.stdout.strip() == "12", p.stderr
+    # a megabyte each way, whole (through a keeper: relayed frames, their windows)
+    blob = os.urandom(1 << 20).hex()
+    p = subprocess.run([sys.executable, "-m", "provision", "-H", inv, "shell", "--", "cat"],
+                       input=blob, capture_output=True, text=True, env=e, cwd=tmp_path,
+                       timeout=120)
+    assert p.stdout == blob, p.stderr
     # no run folder for a shell
     assert not (tmp_path / "logs").exists()
+    assert link.went_through_a_keeper()
 
 
 class Terminal:
@@ -119,11 +127,12 @@ class Terminal:
         raise AssertionError(f"{pattern!r} never showed; the terminal has: {self.seen[-800:]!r}")
 
 
-def test_interactive_shell_through_a_pty(box: tuple[harness.HostInfo, str], gp_home: Path) -> None:
+def test_interactive_shell_through_a_pty(box: tuple[harness.HostInfo, str], gp_home: Path,
+                                        link: Link) -> None:
     """A typed command runs in the env and the data dir; the host's pty has this window's size
     and follows it; Ctrl-C interrupts what runs there (not us); `exit 5` is our exit code."""
     _, inv = box
-    env = dict(os.environ, GPU_PROVISION_HOME=str(gp_home), TERM="xterm")
+    env = dict(os.environ, GPU_PROVISION_HOME=str(gp_home), TERM="xterm", **link.env)
     t = Terminal([sys.executable, "-m", "provision", "-H", inv, "shell"], env, 40, 120)
     try:
         t.expect(r"[#$] ")
@@ -158,6 +167,7 @@ def test_interactive_shell_through_a_pty(box: tuple[harness.HostInfo, str], gp_h
         assert t.proc.poll() is None
         t.type("exit 5\r")
         assert t.proc.wait(30) == 5
+        assert link.went_through_a_keeper()
     finally:
         if t.proc.poll() is None:
             t.proc.kill()
@@ -408,12 +418,12 @@ TRAIN = ("import json, os, sys\nprint('cwd', os.getcwd())\n"
 
 
 def test_run_sends_the_code_and_runs_in_it(box: tuple[harness.HostInfo, str], gp_home: Path,
-                                           tmp_path: Path) -> None:
+                                           tmp_path: Path, link: Link) -> None:
     """The working folder goes to <data dir>/<its name> (git's own list: .gitignore'd files
     stay here), the job runs there; a re-run sends only what changed; a script named that is
     nowhere is refused before anything starts, naming it."""
     info, inv = box
-    proj = tmp_path / "proj"
+    proj = tmp_path / f"proj-{link.name}"  # (each way its own folder on the host)
     (proj / "cfg").mkdir(parents=True)
     (proj / "train.py").write_text(TRAIN)
     (proj / "cfg" / "params.json").write_text('{"lr": 0.01}')
@@ -428,15 +438,15 @@ def test_run_sends_the_code_and_runs_in_it(box: tuple[harness.HostInfo, str], gp
     subprocess.run([*git, "commit", "-qm", "code"], check=True)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return gpu_provision("-H", inv, "run", *args, home=gp_home, cwd=proj)
+        return gpu_provision("-H", inv, "run", *args, home=gp_home, cwd=proj, env=link.env)
 
     r = run("--json", "--", "python", "train.py", "--epochs", "2")
     assert r.returncode == 0, r.stderr
-    there = f"{WORK}/proj"
+    there = f"{WORK}/{proj.name}"
     assert f"box: code {proj} -> {there}: sent 4 file(s)" in r.stderr
     job = json.loads(r.stdout)["id"]
     assert json.loads(r.stdout)["hosts"][0]["workdir"] == there
-    logs = gpu_provision("-H", inv, "logs", job, "-f", home=gp_home, cwd=proj)
+    logs = gpu_provision("-H", inv, "logs", job, "-f", home=gp_home, cwd=proj, env=link.env)
     assert logs.stdout.splitlines() == [f"cwd {there}", "lr 0.01", "argv ['--epochs', '2']"]
     sent = {p.relative_to(info.path(there)).as_posix()
             for p in info.path(there).rglob("*") if p.is_file()}
@@ -448,11 +458,13 @@ def test_run_sends_the_code_and_runs_in_it(box: tuple[harness.HostInfo, str], gp
     os.utime(proj / "cfg" / "params.json", (time.time() + 5, time.time() + 5))
     r = run("--json", "--", "python", "train.py")
     assert "sent 1 file(s)" in r.stderr and "3 unchanged" in r.stderr, r.stderr
-    logs = gpu_provision("-H", inv, "logs", json.loads(r.stdout)["id"], "-f", home=gp_home)
+    logs = gpu_provision("-H", inv, "logs", json.loads(r.stdout)["id"], "-f", home=gp_home,
+                         env=link.env)
     assert "lr 0.02" in logs.stdout.splitlines()
     # a script that is neither here nor there: refused before starting, named
     def ids() -> set[str]:
-        listed = gpu_provision("-H", inv, "jobs", "--json", "--all", home=gp_home).stdout
+        listed = gpu_provision("-H", inv, "jobs", "--json", "--all", home=gp_home,
+                               env=link.env).stdout
         return {j["id"] for j in json.loads(listed)}
 
     before = ids()
@@ -461,6 +473,7 @@ def test_run_sends_the_code_and_runs_in_it(box: tuple[harness.HostInfo, str], gp
     assert (f"box: tarin.py: no such file in {there} on the host, nor in the folder sent from "
             f"this machine ({proj})") in r.stderr
     assert ids() == before
+    assert link.went_through_a_keeper()
     # a --code folder that is not there: one line, before connecting
     r = run("--code", str(tmp_path / "nope"), "--", "python", "train.py")
     assert (r.returncode, r.stderr.strip()) == (
@@ -469,21 +482,28 @@ def test_run_sends_the_code_and_runs_in_it(box: tuple[harness.HostInfo, str], gp
 
 
 def test_sync_takes_src_and_dest_as_scp_does(box: tuple[harness.HostInfo, str], gp_home: Path,
-                                             tmp_path: Path) -> None:
+                                             tmp_path: Path, link: Link) -> None:
     info, inv = box
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds" / "a.txt").write_text("a\n")
-    r = gpu_provision("-H", inv, "sync", "up", "ds", "/root/elsewhere", home=gp_home, cwd=tmp_path)
+    big = os.urandom(5 << 20)  # many SFTP requests in flight (through a keeper: relayed)
+    (tmp_path / "ds" / "big.bin").write_bytes(big)
+    there = f"/root/elsewhere-{link.name}"
+    r = gpu_provision("-H", inv, "sync", "up", "ds", there, home=gp_home, cwd=tmp_path,
+                      env=link.env)
     assert r.returncode == 0, r.stderr
-    assert info.path("/root/elsewhere/a.txt").read_text() == "a\n"
-    assert r.stdout.splitlines()[0] == f"sync up: {tmp_path / 'ds'} -> box:/root/elsewhere"
-    r = gpu_provision("-H", inv, "sync", "down", "/root/elsewhere", "back", home=gp_home,
-                      cwd=tmp_path)
+    assert info.path(f"{there}/a.txt").read_text() == "a\n"
+    assert info.path(f"{there}/big.bin").read_bytes() == big
+    assert r.stdout.splitlines()[0] == f"sync up: {tmp_path / 'ds'} -> box:{there}"
+    r = gpu_provision("-H", inv, "sync", "down", there, "back", home=gp_home,
+                      cwd=tmp_path, env=link.env)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "back" / "a.txt").read_text() == "a\n"
+    assert (tmp_path / "back" / "big.bin").read_bytes() == big
     head, said = r.stdout.splitlines()[:2]
-    assert head == f"sync down: box:/root/elsewhere -> {tmp_path / 'back'}"
-    assert said.startswith("fetched 1 file(s), 2 B in ")
+    assert head == f"sync down: box:{there} -> {tmp_path / 'back'}"
+    assert said.startswith("fetched 2 file(s), 5.0 MiB in "), said
+    assert link.went_through_a_keeper()
 
 
 def test_demo_runs_again_over_the_pin_its_last_run_left(box: tuple[harness.HostInfo, str],

@@ -288,6 +288,9 @@ def watch_live_is_one_execution(info: harness.HostInfo, gp: Gp) -> None:
     assert len(info.sessions()) - before == 1, "watch is ONE remote execution for its life"
     assert "watch: " + Path(info.inventory).stem in r.stdout and "143771" not in r.stdout
     assert "140.4 GiB" in r.stdout and "idle" in r.stdout
+    # the same afresh (the run above went through the kept connection, the default)
+    fresh = gp.ok("-H", info.inventory, "--no-keep", "watch", "--samples", "2", "--interval", "1")
+    assert "watch: " + Path(info.inventory).stem in fresh.stdout and "140.4 GiB" in fresh.stdout
     # its sampler and nvidia-smi -l are gone with it
     merged = str(Path(info.root) / "merged")
 

@@ -65,6 +65,12 @@ def test_verify_validate_doctor_on_a_provisioned_host(hosts: Hosts, gp_home: Pat
         logged = [q.read_text() for q in (tmp_path / "logs").glob(f"{info.id}/*/verify.log")]
         assert any("cat ~/.gpu-provision/expected.json" in x for x in logged), logged
         assert "host key for" not in ok.stderr  # already pinned: the same known_hosts file
+        # the same suite afresh (--no-keep; the run above went through the kept connection)
+        fresh = gpu_provision("-H", info.inventory, "--no-keep", "verify", "--junit", "v2.xml",
+                              home=gp_home, cwd=tmp_path)
+        assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+        assert f"verify: {info.id}: all checks passed (JUnit XML: v2.xml)" in fresh.stdout
+        assert junit(tmp_path / "v2.xml") == junit(tmp_path / "v1.xml")
 
         v = gpu_provision("-H", info.inventory, "validate", home=gp_home, cwd=tmp_path)
         assert v.returncode == 0, v.stdout + v.stderr
@@ -94,6 +100,11 @@ def test_verify_validate_doctor_on_a_provisioned_host(hosts: Hosts, gp_home: Pat
                                          "estimates the memory offline"), m.stderr
         assert not (tmp_path / "logs" / info.id).exists() or not any(
             p.name.startswith("measure") for p in (tmp_path / "logs" / info.id).rglob("*"))
+        afresh = gpu_provision("-H", info.inventory, "--no-keep", "fit", "--model", "qwen2.5-7b",
+                               "--method", "qlora", "--measure", "--", "python", "train.py",
+                               "--batch-size", "{batch}", home=gp_home, cwd=tmp_path)
+        assert (afresh.returncode, afresh.stderr.strip().splitlines()[-1]) == \
+            (1, m.stderr.strip().splitlines()[-1])
 
         bench_and_compare(info, inv, gp_home, tmp_path)
 
