@@ -52,16 +52,32 @@ def judge_health(m: dict[str, Any], check: Check) -> None:
             continue
         for r in rows:
             _memory_health(part, r, bad, warn)
-    _xid(h.get("xid") or {}, bad, warn, said, unknown)
+    xid = h.get("xid") or {}
+    _xid(xid, bad, warn, said, unknown)
     tail = (f" ({'; '.join(said)})" if said else "") + \
         (f" (unknown: {'; '.join(unknown)})" if unknown else "")
+    # a PASS says what was read: on a host that lets us read nothing of it (a consumer card's
+    # ECC "[N/A]", no row remapping, a container without dmesg) the health is not measured
+    measured = (bool(xid) and "error" not in xid) or any(
+        isinstance(rows, list) and any(_read(r) for r in rows)
+        for rows in (h.get("ecc"), h.get("remapped"), h.get("retired")))
     if bad:
         check("gpu health", "fail", "; ".join(bad + warn) + tail)
     elif warn:
         check("gpu health", "warn", "; ".join(warn) + tail)
+    elif not measured:
+        check("gpu health", "warn", "not measured: this host lets us read none of ECC, row "
+              "remapping, retired pages or the kernel's Xid lines" + tail)
     else:
         check("gpu health", "pass", "no uncorrected ECC errors, failed or pending row remaps, "
               "retired pages or hardware Xid errors on these GPUs" + tail)
+
+
+def _read(row: dict[str, Any]) -> bool:
+    """Whether nvidia-smi gave a value for any of a GPU's fields ("[N/A]", "[Not Supported]"
+    are none)."""
+    return any(k != "index" and (_num(v) is not None or str(v).strip().lower() in ("yes", "no"))
+               for k, v in row.items())
 
 
 def _memory_health(part: str, r: dict[str, Any], bad: list[str], warn: list[str]) -> None:

@@ -252,3 +252,24 @@ def test_validate_sustained_takes_seconds_or_the_default(cpu_host: Any) -> None:
     assert '"sustained_s": 90.0' in held.body and '"sustained_s":' not in plain.body
     assert held.inputs != plain.inputs  # a sustained run is not skipped as an earlier plain PASS
     assert held.reason.endswith("; then every GPU at once for 90 s, each against its siblings")
+
+
+def test_gpu_health_read_from_nothing_is_not_a_pass() -> None:
+    """An RTX 4090 in a RunPod or vast.ai container: ECC "[N/A]", no row remapping, no retired
+    pages, and dmesg not permitted. Nothing was read, so nothing is vouched for: a warning that
+    says so, never "no uncorrected ECC errors ..."."""
+    gh = payload("gpu_verdict_health")
+    na = {"index": "0", "ecc.errors.uncorrected.volatile.total": "[N/A]"}
+    nothing = {"ecc": [na], "remapped": {"error": "[Not Supported]"},
+               "retired": {"error": "[Not Supported]"},
+               "xid": {"error": "dmesg: read kernel buffer failed: Operation not permitted"}}
+    said: list[tuple[str, str, str]] = []
+    gh.judge_health({"health": nothing}, lambda *a, **k: said.append(a))
+    [(name, status, reason)] = said
+    assert (name, status) == ("gpu health", "warn") and reason.startswith("not measured: ")
+    # one field read is a measurement: a clean ECC count of 0 passes
+    said.clear()
+    gh.judge_health({"health": {**nothing, "ecc": [{"index": "0",
+                    "ecc.errors.uncorrected.volatile.total": "0"}]}},
+                    lambda *a, **k: said.append(a))
+    assert said[0][1] == "pass" and said[0][2].startswith("no uncorrected ECC errors")
