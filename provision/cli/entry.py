@@ -18,7 +18,7 @@ def main() -> None:
     if path is not None:
         try:
             code = warm.run_warm(path, argv)
-        except KeyboardInterrupt:  # before the command started: nothing to tell but the exit
+        except (KeyboardInterrupt, warm.Abandoned):  # before the command started: only the exit
             sys.exit(130)
         if code is not None:
             sys.exit(code)

@@ -205,13 +205,14 @@ def run_warm(path: str, argv: list[str]) -> int | None:
     there is no server to take it (the caller runs it here)."""
     if not os.path.exists(path):
         return None
-    relay = Relay()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # bounded: a frozen or wedged server is given up after ANSWER seconds, and a Ctrl-C, SIGTERM
     # or SIGHUP meanwhile ends the wait at once. The worker had not said its pid, so it had not
     # started the command; and it never will: its first word would go to a closed socket.
     sock.settimeout(ANSWER)
+    relay: Relay | None = None
     try:
+        relay = Relay()
         sock.connect(path)
         if not peer_is_us(sock):  # another user's socket: neither our env nor our stdio
             raise OSError(f"{path} is held by another user")
@@ -225,6 +226,9 @@ def run_warm(path: str, argv: list[str]) -> int | None:
         first = reader.readline()
     except (OSError, Abandoned):  # none there, a stale socket, a closed stdin: run it here
         first = b""
+    if relay is None:  # a signal before its handlers were all in place: ours now
+        sock.close()
+        raise Abandoned
     relay.abandon = False
     if not first.startswith(b"pid "):  # or the server is ending
         sock.close()

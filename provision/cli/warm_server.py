@@ -61,15 +61,16 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return request, list(fds)
 
 
-def become_limited(request: dict[str, Any]) -> None:
-    """The client's priority (nice) and resource limits (ulimit), as far as we may take them:
-    a limit is lowered, or raised up to the hard limit the server has (only root may raise a
-    hard limit); one the kernel refuses stays the server's."""
+def become_limited(request: dict[str, Any]) -> bool:
+    """The client's priority (nice) and resource limits (ulimit). False where the kernel
+    refuses one (a server started under `nice` or a lower hard limit, which a user may not
+    undo): then the worker does not run the command, and the client runs it by itself."""
     import resource
     try:
         os.setpriority(os.PRIO_PROCESS, 0, int(request.get("nice", 0)))
     except (OSError, ValueError):
-        pass  # a nicer server than its client: a user may not lower the value again
+        pass
+    same = os.getpriority(os.PRIO_PROCESS, 0) == int(request.get("nice", 0))
     for name, (soft, hard) in (request.get("limits") or {}).items():
         which = getattr(resource, str(name), None)
         if not isinstance(which, int):
@@ -78,6 +79,8 @@ def become_limited(request: dict[str, Any]) -> None:
             resource.setrlimit(which, (int(soft), int(hard)))
         except (OSError, ValueError):
             pass
+        same = same and list(resource.getrlimit(which)) == [int(soft), int(hard)]
+    return same
 
 
 def _stream(fd: int, mode: str, encoding: str | None) -> Any:
@@ -111,7 +114,8 @@ def work(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
     os.environ.update(request["env"])
     time.tzset()  # the client's $TZ: run ids and "newest" are in its time, not the server's
     os.umask(int(request["umask"]))
-    become_limited(request)
+    if not become_limited(request):  # before our pid is said: the client runs it by itself
+        raise OSError("the client's priority or limits cannot be taken here")
     sys.argv = [request.get("argv0") or "gpu-provision", *request["argv"]]
     encodings = request.get("encodings") or [None, None, None]
     sys.stdin = _stream(0, "r", encodings[0])

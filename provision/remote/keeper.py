@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, cast
 import paramiko
 
 from . import relay
-from .relay import EOF, SIGNAL, STATUS, STDERR, STDIN, STDOUT, WINDOW
-from .rundir import peer_is_us
+from .relay import BEAT, EOF, HEARTBEAT, SIGNAL, STATUS, STDERR, STDIN, STDOUT, WINDOW
+from .rundir import peer_is_us, peer_shares_our_namespaces
 
 if TYPE_CHECKING:
     from ..config.inventory import Target
@@ -71,7 +71,7 @@ class Keeper:
     def status(self) -> dict[str, Any]:
         return {**self.info, "pid": os.getpid(), "started": self.started, "last": self.last,
                 "channels": self.channels, "keep": self.keep,
-                "alive": self.transport.is_active()}
+                "alive": self.transport.is_active() and not self.stopping}
 
     def serve(self, listener: socket.socket) -> None:
         threading.Thread(target=self._fill_spare, daemon=True).start()
@@ -119,8 +119,10 @@ class Keeper:
 
     def _handle(self, client: socket.socket) -> None:
         try:
-            if not peer_is_us(client):
-                return  # (the socket is 0600 in a 0700 folder: this is the second guard)
+            if not peer_is_us(client) or not peer_shares_our_namespaces(client):
+                # (the socket is 0600 in a 0700 folder: this is the second guard; a process of
+                # ours in another mount namespace, a sandbox sharing /tmp, holds no key either)
+                return
             header = json.loads(relay.read_line(client))
             op = header.get("op")
             if op == "status":
@@ -186,9 +188,11 @@ class Keeper:
                 return
             # the server's banner and the login: whether it acts on signal requests
             # (relay.honours_signals), as the command would read them from its own Transport
+            framed = header["op"] in ("exec", "shell")
             client.sendall(json.dumps({"ok": True, "server": self.transport.remote_version,
-                                       "user": self.transport.get_username()}).encode() + b"\n")
-            if header["op"] in ("exec", "shell"):
+                                       "user": self.transport.get_username(),
+                                       "heartbeat": HEARTBEAT if framed else 0}).encode() + b"\n")
+            if framed:
                 _framed(chan, client)
             else:
                 _spliced(chan, client)
@@ -230,18 +234,32 @@ def _framed(chan: paramiko.Channel, client: socket.socket) -> None:
 
     readers = [threading.Thread(target=pump, args=(chan.recv, STDOUT), daemon=True),
                threading.Thread(target=pump, args=(chan.recv_stderr, STDERR), daemon=True)]
+    done = threading.Event()
+
+    def beat() -> None:  # we are here (relay.HEARTBEAT): the client tells us from a frozen keeper
+        try:
+            while not done.wait(HEARTBEAT):
+                relay.send_frame(client, BEAT, b"", lock)
+        except OSError:
+            pass
+
     for t in readers:
         t.start()
     threading.Thread(target=commands, daemon=True).start()
+    threading.Thread(target=beat, daemon=True).start()
     for t in readers:
         t.join()
+    # beats go on until the status is sent: a command that closed its own output (exec >log)
+    # runs on silently, and its client must not take that for a frozen keeper
     code = chan.recv_exit_status()
     try:
         if code != -1:
             relay.send_frame(client, STATUS, str(code).encode(), lock)
+        done.set()
         client.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass
+    done.set()
     chan.close()
 
 

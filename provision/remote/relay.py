@@ -38,6 +38,13 @@ HEADER = struct.Struct(">cI")
 BUFFERED = 4 << 20
 STDOUT, STDERR, STATUS, STDIN, EOF, WINDOW = b"o", b"e", b"x", b"i", b"f", b"w"
 SIGNAL = b"s"
+# A framed channel's keeper says it is there every HEARTBEAT seconds (an empty BEAT frame),
+# when its answer offers it; a client that then hears nothing for MISSED beats takes the keeper
+# for gone (frozen, wedged) and the channel for lost, as a dead link is taken on a fresh
+# connection. An older keeper offers none and is waited for as before.
+BEAT = b"h"
+HEARTBEAT = 5.0
+MISSED = 4
 
 
 def honours_signals(banner: str, user: str | None) -> bool | None:
@@ -132,6 +139,8 @@ class Sock(socket.socket):
     and a forward's pump (closed, shutdown_write: the keeper passes a half-close on to the
     host's channel, as it passes the host's end back)."""
 
+    heartbeat = 0.0  # seconds between the keeper's BEAT frames on this channel; 0: none
+
     def get_name(self) -> str:
         return "kept"
 
@@ -215,6 +224,7 @@ class RelayTransport:
                         "again (--no-keep connects afresh)") from None
                 answer, sock = {"ok": False, "lost": True, "error": "no keeper"}, None
             if answer.get("ok") and sock is not None:
+                sock.heartbeat = float(answer.get("heartbeat") or 0)  # type: ignore[attr-defined]
                 with self._lock:
                     self._open.add(sock)
                 self.remote_version = str(answer.get("server") or "")  # as paramiko names it
@@ -319,9 +329,20 @@ class RelayChannel:
 
     def _pump(self) -> None:
         assert self.sock is not None
+        beat = float(getattr(self.sock, "heartbeat", 0) or 0)
         try:
-            while (frame := recv_frame(self.sock)) is not None:
+            while True:
+                if beat and not select.select([self.sock], [], [], beat * MISSED)[0]:
+                    # the keeper said nothing for MISSED beats: it is gone, and so is this
+                    # channel; a writer blocked on it (stdin) is let go too
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                    break
+                frame = recv_frame(self.sock)
+                if frame is None:
+                    break
                 kind, data = frame
+                if kind == BEAT:
+                    continue
                 with self._cond:
                     while len(self.out) + len(self.err) > BUFFERED and not self.closed:
                         self._cond.wait()  # flow control: until the reader takes some
@@ -332,12 +353,13 @@ class RelayChannel:
                     elif kind == STATUS:
                         self.status = int(data)
                     self._cond.notify_all()
-        except OSError:
+        except (OSError, ValueError):  # (ValueError: select on a socket close() closed)
             pass
-        with self._cond:
-            self.closed = self.eof_received = True
-            self._cond.notify_all()
-        self.transport.forget(self.sock)
+        finally:  # whatever ended it, the readers and the exit status wait no more
+            with self._cond:
+                self.closed = self.eof_received = True
+                self._cond.notify_all()
+            self.transport.forget(self.sock)
 
     # reading
     def _take(self, buf: bytearray, n: int) -> bytes:

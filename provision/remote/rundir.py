@@ -41,7 +41,10 @@ def run_dir() -> Path | None:
     else:
         tries = [tmp]
     why = ""
-    for path in tries:
+    for given in tries:
+        # judged and used as one path: the parent's links resolved once, here (a link that
+        # another user could turn is never followed again by a later bind, lock or connect)
+        path = Path(os.path.realpath(given.parent)) / given.name
         if len(str(path).encode()) + 1 + NAME_LEN > SUN_PATH:
             continue  # its sockets' paths would be too long (not a danger: nothing to say)
         why = _problem(path)

@@ -396,3 +396,33 @@ def test_commands_at_once_share_one_keeper_per_host(hosts: Hosts, kept: Kept,
         assert p.returncode == 0, err
     assert handshakes(info) == before + 2  # one per identity, however many commands at once
     assert sorted(k["host"] for k in kept.listed()) == sorted([info.id, "second"])
+
+
+def test_a_frozen_keeper_loses_the_command_on_it_within_its_heartbeats(hosts: Hosts,
+                                                                       kept: Kept) -> None:
+    """The keeper stops (SIGSTOP, a wedged process) under a running command: the command ends
+    with a lost connection after the missed heartbeats (relay.HEARTBEAT x MISSED: 20 s), not
+    never; the next command gets a keeper of its own and runs."""
+    from provision.remote import relay
+    info = hosts.get("cpu-only")
+    kept.ok("-H", info.inventory, "facts", "--json")
+    [keeper] = kept.pids()
+    env = dict(os.environ, GPU_PROVISION_HOME=str(kept.home), **kept.env)
+    cmd = subprocess.Popen([sys.executable, "-m", "provision", "-H", info.inventory, "shell", "--",
+                            "bash", "-c", "echo started; sleep 60; echo done"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert cmd.stdout is not None and cmd.stdout.readline() == "started\n"
+        os.kill(keeper, signal.SIGSTOP)
+        frozen = time.monotonic()
+        out, err = cmd.communicate(timeout=60)
+        took = time.monotonic() - frozen
+        assert cmd.returncode == 1 and "done" not in out and "connection lost" in err, err
+        assert took < relay.HEARTBEAT * relay.MISSED + 10, took
+    finally:
+        os.kill(keeper, signal.SIGCONT)
+        if cmd.poll() is None:
+            cmd.kill()
+    os.kill(keeper, signal.SIGKILL)  # (the test's own: its socket is left behind)
+    r = kept.ok("-H", info.inventory, "facts", "--json")
+    assert json.loads(r.stdout)["hostname"] == info.id

@@ -139,3 +139,43 @@ def test_a_reader_that_does_not_read_holds_the_keeper_back(tmp_path: Path) -> No
         got += data
     assert len(got) == total and got[:len(chunk)] == chunk and chan.recv_exit_status() == 0
     listener.close()
+
+
+def test_a_keeper_that_freezes_under_a_command_loses_it_within_its_heartbeats(
+        tmp_path: Path) -> None:
+    """The keeper offers heartbeats, sends some output and a beat, then says nothing (SIGSTOP,
+    a wedged thread): the command's channel is lost after MISSED beats, not waited on for ever;
+    a keeper that offers none (an older one) is waited for as before."""
+    path = str(tmp_path / "k")  # (the keeper offers a beat every 0.2 s)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(2)
+    held: list[socket.socket] = []
+
+    def keeper(offer: float) -> None:
+        conn, _ = listener.accept()
+        held.append(conn)
+        relay.read_line(conn)
+        conn.sendall(json.dumps({"ok": True, "heartbeat": offer}).encode() + b"\n")
+        lock = threading.Lock()
+        relay.send_frame(conn, relay.STDOUT, b"epoch 1\n", lock)
+        relay.send_frame(conn, relay.BEAT, b"", lock)
+        # ... and then nothing, the socket held open
+
+    threading.Thread(target=keeper, args=(0.2,), daemon=True).start()
+    chan = relay.RelayChannel(relay.RelayTransport(path, 5, lambda: path))
+    chan.exec_command("python train.py")
+    started = time.monotonic()
+    assert chan.recv(100) == b"epoch 1\n"
+    assert chan.recv_exit_status() == -1  # lost: no status came
+    assert time.monotonic() - started < 0.2 * relay.MISSED + 2
+    threading.Thread(target=keeper, args=(0,), daemon=True).start()
+    old = relay.RelayChannel(relay.RelayTransport(path, 5, lambda: path))
+    old.exec_command("python train.py")
+    assert old.recv(100) == b"epoch 1\n"
+    time.sleep(0.2 * relay.MISSED + 1)
+    assert not old.exit_status_ready()  # still waited for
+    old.close()
+    for c in held:
+        c.close()
+    listener.close()
