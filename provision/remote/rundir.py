@@ -133,7 +133,7 @@ def peer_shares_our_namespaces(sock: socket.socket) -> bool:
         return False
     try:
         return all(os.readlink(f"/proc/{pid}/ns/{ns}") == os.readlink(f"/proc/self/ns/{ns}")
-                   for ns in ("pid", "mnt"))
+                   for ns in ("pid", "mnt", "net"))
     except OSError:
         return False
 

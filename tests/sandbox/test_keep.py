@@ -426,3 +426,16 @@ def test_a_frozen_keeper_loses_the_command_on_it_within_its_heartbeats(hosts: Ho
     os.kill(keeper, signal.SIGKILL)  # (the test's own: its socket is left behind)
     r = kept.ok("-H", info.inventory, "facts", "--json")
     assert json.loads(r.stdout)["hostname"] == info.id
+
+
+def test_a_command_that_closes_its_output_is_not_taken_for_a_frozen_keeper(
+        hosts: Hosts, kept: Kept) -> None:
+    """`exec > log 2>&1; python train.py`: the host's channel sends EOF and then nothing until
+    the exit status, for longer than the missed heartbeats allow; the keeper beats until the
+    status, so the command ends with its own exit code."""
+    from provision.remote import relay
+    info = hosts.get("cpu-only")
+    quiet = int(relay.HEARTBEAT * relay.MISSED) + 4
+    r = kept("-H", info.inventory, "shell", "--", "bash", "-c",
+             f"echo before; exec > /dev/null 2>&1; sleep {quiet}; exit 3", timeout=quiet + 60)
+    assert (r.returncode, r.stdout) == (3, "before\n"), r.stderr
