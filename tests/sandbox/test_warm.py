@@ -54,14 +54,22 @@ def warmed(k: Kept, *args: str) -> None:
     harness.wait_until(lambda: len(warm_pids(k)) == 1 and warm_rows(k), "the warm server")
 
 
-def popen(k: Kept, *args: str) -> subprocess.Popen[str]:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def popen(k: Kept, *args: str, ignore: tuple[signal.Signals, ...] = ()) -> subprocess.Popen[str]:
+    """``ignore``: signals the program starts with ignored (as `nohup` starts it: SIGHUP)."""
     env = {**os.environ, **k.env, "GPU_PROVISION_HOME": str(k.home), "COLUMNS": "200"}
     # a process group of its own, as a shell gives each job: a group whose parent is in the same
     # session is not orphaned, so Ctrl-Z (SIGTSTP) stops it; the kernel discards SIGTSTP in an
     # orphaned group, which is what a test run started by setsid or nohup would otherwise be
     return subprocess.Popen([sys.executable, "-m", "provision", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            process_group=0)
+                            process_group=0,
+                            preexec_fn=lambda: [signal.signal(g, signal.SIG_IGN) for g in ignore])
 
 
 def test_a_warm_worker_is_the_command_itself(hosts: Hosts, kept: Kept, tmp_path: Path) -> None:
@@ -113,9 +121,7 @@ def free(port: int) -> bool:
 def test_ctrl_c_and_a_killed_client_end_their_worker(hosts: Hosts, kept: Kept) -> None:
     info = hosts.get("cpu-only")
     warmed(kept, "-H", info.inventory, "jobs", "--json")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     forwarder = popen(kept, "-H", info.inventory, "forward", f"8999:{port}")
     assert forwarder.stdout is not None
     assert f"http://127.0.0.1:{port}" in forwarder.stdout.readline()
@@ -215,14 +221,8 @@ def test_signals_the_shell_told_it_to_ignore_stay_ignored(hosts: Hosts, kept: Ke
     """`nohup gpu-provision ... &`: a hangup reaches neither the client nor its warm worker."""
     info = hosts.get("cpu-only")
     warmed(kept, "-H", info.inventory, "jobs", "--json")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, **kept.env, "GPU_PROVISION_HOME": str(kept.home), "COLUMNS": "200"}
-    hup = subprocess.Popen([sys.executable, "-m", "provision", "-H", info.inventory, "forward",
-                            f"8999:{port}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, process_group=0,
-                           preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    port = free_port()
+    hup = popen(kept, "-H", info.inventory, "forward", f"8999:{port}", ignore=(signal.SIGHUP,))
     assert hup.stdout is not None and "http://" in hup.stdout.readline()
     assert len(warm_pids(kept)) == 2  # served warm
     hup.send_signal(signal.SIGHUP)
