@@ -34,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ..remote.rundir import SAFE_PATH, nobody_listens, peer_is_us, run_dir
+from ..remote.rundir import SAFE_PATH, connect_ours, remove_stale, run_dir
 
 PREFIX = "w-"  # a warm server's socket name: w- and 17 hex digits (a keeper's is 20 hex digits)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -213,9 +213,7 @@ def run_warm(path: str, argv: list[str]) -> int | None:
     relay: Relay | None = None
     try:
         relay = Relay()
-        sock.connect(path)
-        if not peer_is_us(sock):  # another user's socket: neither our env nor our stdio
-            raise OSError(f"{path} is held by another user")
+        connect_ours(sock, path)  # another user's socket: neither our env nor our stdio
         send(sock, _message(argv), [])
         reader = sock.makefile("rb")
         # our stdin, stdout and stderr once the server asks: never in flight to one that does
@@ -274,9 +272,7 @@ def ask(path: str, op: str, timeout: float = 5.0) -> dict[str, Any] | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        sock.connect(path)
-        if not peer_is_us(sock):
-            return None
+        connect_ours(sock, path)
         send(sock, json.dumps({"op": op}).encode(), [])
         line = sock.makefile("rb").readline()
         answer = json.loads(line) if line else None
@@ -298,11 +294,7 @@ def servers() -> list[dict[str, Any]]:
             continue
         answer = ask(str(p), "status")
         if answer is None:
-            if nobody_listens(str(p)):  # a killed server's (a slow one keeps its socket)
-                try:
-                    p.unlink()
-                except OSError:
-                    pass
+            remove_stale(p)  # a killed server's (a slow one keeps its socket)
             continue
         found.append({**answer, "path": str(p)})
     return found

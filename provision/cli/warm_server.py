@@ -4,7 +4,7 @@ forks a worker that becomes that command (its argv, folder, environment, umask a
 streams), runs it and reports its exit code; it ends once no command came for IDLE seconds.
 
 It stays single-threaded (a fork copies one thread only: a lock held by another thread would stay
-locked in the worker for ever), and answers only its own user (``rundir.peer_is_us``; the
+locked in the worker for ever), and answers only its own user (``rundir.caller_is_ours``; the
 socket's folder is 0700 everywhere).
 """
 
@@ -26,7 +26,7 @@ import traceback
 from importlib import import_module
 from typing import IO, Any
 
-from ..remote.rundir import peer_is_us, peer_shares_our_namespaces
+from ..remote.rundir import caller_is_ours
 
 WAIT = 1.0  # seconds between looks at the idle clock and at finished workers
 SKIP = ("provision.cli.warm_server", "provision.remote.keeper")  # programs, not libraries
@@ -210,7 +210,7 @@ class Server:
         fds: list[int] = []
         try:
             conn.settimeout(5.0)
-            if not peer_is_us(conn) or not peer_shares_our_namespaces(conn):
+            if not caller_is_ours(conn):
                 return True  # (the client runs the command by itself)
             request, fds = receive(conn)
             op = request.get("op")

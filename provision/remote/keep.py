@@ -350,11 +350,7 @@ def keepers() -> list[dict[str, Any]]:
         try:
             sock, answer = ask(str(p), {"op": "status"}, 5.0)
         except Gone:
-            if rundir.nobody_listens(str(p)):  # a keeper that was killed (a slow one stays)
-                try:
-                    p.unlink()
-                except OSError:
-                    pass
+            rundir.remove_stale(p)  # a keeper that was killed (a slow one stays)
             continue
         sock.close()
         found.append({**answer, "now": time.time()})

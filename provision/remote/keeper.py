@@ -25,7 +25,7 @@ import paramiko
 
 from . import relay
 from .relay import BEAT, EOF, HEARTBEAT, SIGNAL, STATUS, STDERR, STDIN, STDOUT, WINDOW
-from .rundir import peer_is_us, peer_shares_our_namespaces
+from .rundir import caller_is_ours
 
 if TYPE_CHECKING:
     from ..config.inventory import Target
@@ -119,7 +119,7 @@ class Keeper:
 
     def _handle(self, client: socket.socket) -> None:
         try:
-            if not peer_is_us(client) or not peer_shares_our_namespaces(client):
+            if not caller_is_ours(client):
                 # (the socket is 0600 in a 0700 folder: this is the second guard; a process of
                 # ours in another mount namespace, a sandbox sharing /tmp, holds no key either)
                 return
@@ -255,7 +255,6 @@ def _framed(chan: paramiko.Channel, client: socket.socket) -> None:
     try:
         if code != -1:
             relay.send_frame(client, STATUS, str(code).encode(), lock)
-        done.set()
         client.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass

@@ -29,7 +29,7 @@ from typing import Any
 
 import paramiko
 
-from .rundir import peer_is_us
+from .rundir import connect_ours
 
 HEADER = struct.Struct(">cI")
 # Output a channel holds for a reader that does not read: past it the relay stops reading the
@@ -163,9 +163,7 @@ def ask(path: str, header: dict[str, Any], timeout: float) -> tuple[socket.socke
     sent = False
     try:
         sock.settimeout(timeout)
-        sock.connect(path)
-        if not peer_is_us(sock):  # another user's socket where ours should be: not a byte
-            raise OSError(f"{path} is held by another user")
+        connect_ours(sock, path)  # another user's socket where ours should be: not a byte
         sent = True  # from here on the keeper may act on it, even if its answer never comes
         sock.sendall(json.dumps(header).encode() + b"\n")
         answer = json.loads(read_line(sock))

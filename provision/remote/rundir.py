@@ -57,15 +57,15 @@ def run_dir() -> Path | None:
 
 def _problem(path: Path) -> str:
     """What makes ``path`` unfit to hold our sockets ("" when nothing does), checked without a
-    race: the parent's symlinks are resolved once, then each folder from / down is opened
-    without following a link (O_NOFOLLOW) and judged on its handle (fstat). A folder on the way
+    race: ``path``'s parent comes with its links resolved (``run_dir``), then each folder from /
+    down is opened without following a link (O_NOFOLLOW) and judged on its handle (fstat). A folder on the way
     must be root's or ours and, if others may write in it, sticky (as /tmp is: only an entry's
     owner may rename or remove it); the run dir itself must be a real folder, ours, 0700. So
     nobody else can swap it, or a folder above it, for their own between this check and a
     connect (and every client checks who listens anyway: ``peer_is_us``)."""
     uid = os.getuid()
     flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0)
-    parent = Path(os.path.realpath(path.parent))
+    parent = path.parent
     fd = os.open("/", flags)
     try:
         for part in parent.parts[1:]:
@@ -102,15 +102,42 @@ def _problem(path: Path) -> str:
         os.close(fd)
 
 
+def _linux_peer(sock: socket.socket) -> tuple[int, int] | None:
+    """(pid, uid) of a connected Unix socket's peer as the kernel took them (SO_PEERCRED,
+    Linux: struct ucred), None where the system has no such option."""
+    peercred = getattr(socket, "SO_PEERCRED", None)
+    if peercred is None:
+        return None
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred,
+                                                         struct.calcsize("3i")))
+    return pid, uid
+
+
+def connect_ours(sock: socket.socket, path: str) -> None:
+    """Connect ``sock`` to our socket at ``path``: OSError unless our own user listens there
+    (``peer_is_us``), before a byte is sent."""
+    sock.connect(path)
+    if not peer_is_us(sock):
+        raise OSError(f"{path} is held by another user")
+
+
+def remove_stale(path: Path) -> None:
+    """Remove a socket file of ours that nothing listens on any more (``nobody_listens``)."""
+    if nobody_listens(str(path)):
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
 def peer_is_us(sock: socket.socket) -> bool:
     """Whether the process at the other end of a connected Unix socket runs as our user, asked
     of the kernel (Linux SO_PEERCRED; LOCAL_PEERCRED on macOS and the BSDs). Every client asks
     before it sends a byte, every server before it reads one: a socket that another user put
     where ours would be is never spoken to, whatever happened to the path."""
-    peercred = getattr(socket, "SO_PEERCRED", None)
-    if peercred is not None:
-        creds = sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
-        return bool(struct.unpack("3i", creds)[1] == os.getuid())
+    linux = _linux_peer(sock)
+    if linux is not None:
+        return linux[1] == os.getuid()
     local = getattr(socket, "LOCAL_PEERCRED", None)
     if local is not None:  # struct xucred: u_int cr_version, uid_t cr_uid, ... (SOL_LOCAL 0)
         creds = sock.getsockopt(0, local, 76)
@@ -119,16 +146,15 @@ def peer_is_us(sock: socket.socket) -> bool:
 
 
 def peer_shares_our_namespaces(sock: socket.socket) -> bool:
-    """Whether the peer sees the same processes and files as we do (its pid and mount
-    namespaces are ours; Linux only, elsewhere True). A client in another namespace (unshare,
-    a container sharing /tmp) would have its signals go to the wrong pid and its folder read in
-    our mounts: it runs by itself instead. The kernel gives the peer's pid as we see it; 0 when
-    we cannot see it at all."""
-    peercred = getattr(socket, "SO_PEERCRED", None)
-    if peercred is None or not os.path.exists("/proc/self/ns/pid"):
+    """Whether the peer sees the same processes, files and network as we do (its pid, mount
+    and network namespaces are ours; Linux only, elsewhere True). A client in another namespace
+    (unshare, a container sharing /tmp) would have its signals go to the wrong pid, its folder
+    read in our mounts and its hosts reached from our network: it runs by itself instead. The
+    kernel gives the peer's pid as we see it; 0 when we cannot see it at all."""
+    linux = _linux_peer(sock)
+    if linux is None or not os.path.exists("/proc/self/ns/pid"):
         return True
-    pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred,
-                                              struct.calcsize("3i")))[0]
+    pid = linux[0]
     if pid <= 0:
         return False
     try:
@@ -136,6 +162,12 @@ def peer_shares_our_namespaces(sock: socket.socket) -> bool:
                    for ns in ("pid", "mnt", "net"))
     except OSError:
         return False
+
+
+def caller_is_ours(sock: socket.socket) -> bool:
+    """What a server of ours asks of each caller before it reads a byte: our user, in our
+    namespaces."""
+    return peer_is_us(sock) and peer_shares_our_namespaces(sock)
 
 
 def nobody_listens(path: str) -> bool:
