@@ -3,6 +3,7 @@ through ``put`` and ``get``."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import posixpath
@@ -20,6 +21,7 @@ import paramiko
 from fabric import Connection
 
 from ..errors import ConnectionLost, RemoteError
+from . import relay
 from .command import Command, bash_script, mask
 
 # Invoke reports a channel that closed without an exit status as exit -1: the connection was
@@ -171,13 +173,17 @@ class Executor:
         return result
 
     def query(self, name: str, script: str, parse: Callable[[str], T], *, what: str,
-              fix: str | None = None, stdin: str | None = None, any_exit: bool = False) -> T:
+              fix: str | None = None, stdin: str | None = None, any_exit: bool = False,
+              reads_only: bool = True) -> T:
         """Everything that is not a step reads from the host this way: ONE execution of the bash
         ``script``, its stdout handed to ``parse``. A non-zero exit (unless ``any_exit``: the
         script reports its own state in what it prints) or an answer ``parse`` cannot read
         (ValueError, KeyError, IndexError) raises RemoteError with ``fix``; a lost connection
-        raises ConnectionLost naming ``what``."""
-        r = self.run(bash_script(script), step=name, check=False, stdin=stdin, what=what)
+        raises ConnectionLost naming ``what``. ``reads_only``: the script changes nothing, so
+        where a kept connection's link died with it in flight it runs again on a fresh one (a
+        script that changes the host is never sent twice: it fails, saying it may have run)."""
+        with relay.repeatable() if reads_only else contextlib.nullcontext():
+            r = self.run(bash_script(script), step=name, check=False, stdin=stdin, what=what)
         shown = (r.stdout + r.stderr).replace("\0", "\n")
         if r.exit_code != 0 and not any_exit:
             raise RemoteError(self.host, name, r.exit_code, shown, fix=fix)

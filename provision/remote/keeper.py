@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -34,6 +35,15 @@ POLL = 0.5  # seconds between looks at the idle clock and the connection
 # ask the server for an answer this often; without one in time (longer behind a busy transfer)
 # the connection is taken for dead
 PROBE_EVERY, PROBE_WAIT, PROBE_WAIT_BUSY = 20.0, 10.0, 60.0
+# A command's request id is either ISSUED (its exec went out on the link: the host may run it) or
+# WITHDRAWN (its client asked about it first: it will never go out), whichever comes first; the
+# last REMEMBERED ids are kept, far more than a client waits for its answer.
+ISSUED, WITHDRAWN = "issued", "withdrawn"
+REMEMBERED = 4096
+
+
+class Withdrawn(Exception):
+    """The command asked about this request before its exec went out: it is never sent."""
 
 
 class Keeper:
@@ -48,6 +58,22 @@ class Keeper:
         self.stopping = False
         self.probed = time.monotonic()
         self.probe: tuple[threading.Event, float, float] | None = None
+        self.requests: OrderedDict[str, str] = OrderedDict()
+
+    def _settle(self, request: str, state: str) -> str:
+        """The request's state: ``state`` if it had none yet, else the one it has (the exec
+        going out and its client asking about it cannot both win)."""
+        with self.lock:
+            settled = self.requests.setdefault(request, state)
+            self.requests.move_to_end(request)
+            while len(self.requests) > REMEMBERED:
+                self.requests.popitem(last=False)
+        return settled
+
+    def _issued(self, header: dict[str, Any]) -> bool:
+        request = header.get("id")
+        with self.lock:
+            return request is not None and self.requests.get(str(request)) == ISSUED
 
     # a spare session channel, opened ahead: a command's exec then costs one round trip, not two
     def _fill_spare(self) -> None:
@@ -130,12 +156,18 @@ class Keeper:
             elif op == "stop":
                 self.stopping = True
                 client.sendall(b'{"ok": true}\n')
-            elif op == "probe":  # does the host answer on our link now? (relay.py: at most once)
+            elif op == "probe":
+                # a command whose answer came too late asks (relay.py: at most once) whether its
+                # exec went out (then the host may be running it), withdrawing it if not, and
+                # whether the host answers on our link now
+                request = header.get("id")
+                issued = request is not None and self._settle(str(request), WITHDRAWN) == ISSUED
                 wait = float(header.get("wait") or self.timeout)  # the asking command's timeout
                 answered = self._ask_server().wait(min(wait, self.timeout))
                 if not answered:
                     self.stopping = True  # a dead link: the next command connects afresh
-                client.sendall(json.dumps({"answered": answered}).encode() + b"\n")
+                client.sendall(json.dumps({"answered": answered, "issued": issued}).encode()
+                               + b"\n")
             else:
                 self._channel(client, header)
         except (OSError, ValueError, relay.Gone):
@@ -155,10 +187,14 @@ class Keeper:
                 chan.get_pty(term, cols, rows)
             if header.get("env"):
                 chan.update_environment(header["env"])
-            if op == "exec":
-                chan.exec_command(header["command"])
-            elif op == "shell":
-                chan.invoke_shell()
+            if op in ("exec", "shell"):
+                request = header.get("id")
+                if request is not None and self._settle(str(request), ISSUED) != ISSUED:
+                    raise Withdrawn(f"request {request} was withdrawn by its command")
+                if op == "exec":
+                    chan.exec_command(header["command"])
+                else:
+                    chan.invoke_shell()
             elif op == "subsystem":
                 chan.invoke_subsystem(header["name"])
             else:
@@ -179,10 +215,13 @@ class Keeper:
                 client.sendall(json.dumps({"ok": False, "lost": False, "code": exc.code,
                                            "error": exc.text}).encode() + b"\n")
                 return
+            except Withdrawn:
+                return  # its command asked about it and went on without it
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 lost = not self.transport.is_active() or isinstance(exc, (EOFError, OSError))
-                client.sendall(json.dumps({"ok": False, "lost": lost, "error": str(exc)}).encode()
-                               + b"\n")
+                # issued: the exec went out before the link failed, so the host may run it
+                client.sendall(json.dumps({"ok": False, "lost": lost, "error": str(exc),
+                                           "issued": self._issued(header)}).encode() + b"\n")
                 if lost:
                     self.stopping = True
                 return

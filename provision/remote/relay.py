@@ -4,8 +4,10 @@ channel, and on the command's side objects that answer like paramiko's ``Transpo
 knowing it.
 
 A connection starts with one JSON line from the command (what to open: ``exec``, ``shell``,
-``subsystem``, ``direct-tcpip``, or ``status``/``stop``) and one JSON line back (``ok``, or the
-error and whether the SSH connection behind it is gone). After that:
+``subsystem``, ``direct-tcpip``, or ``status``/``stop``/``probe``) and one JSON line back
+(``ok``, or the error and whether the SSH connection behind it is gone). An ``exec`` or
+``shell`` carries an ``id``: a command whose answer is late asks ``probe`` with it whether it
+went out to the host, and the keeper withdraws it if it had not (at most once). After that:
 
 - ``subsystem`` (SFTP) and ``direct-tcpip`` (forwards) carry the channel's bytes as they are;
 - ``exec`` and ``shell`` carry frames (one type byte, a 4-byte big-endian length, the bytes):
@@ -24,7 +26,9 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import paramiko
@@ -177,6 +181,25 @@ def ask(path: str, header: dict[str, Any], timeout: float) -> tuple[socket.socke
     return sock, answer
 
 
+_REPEATABLE = threading.local()
+
+
+@contextmanager
+def repeatable() -> Iterator[None]:
+    """Commands started in this thread inside only read (facts, listings): where the keeper's
+    link died with one in flight, it runs again on a fresh connection rather than failing."""
+    before = getattr(_REPEATABLE, "on", False)
+    _REPEATABLE.on = True
+    try:
+        yield
+    finally:
+        _REPEATABLE.on = before
+
+
+def _repeatable() -> bool:
+    return bool(getattr(_REPEATABLE, "on", False))
+
+
 class RelayTransport:
     """What Fabric and paramiko ask of a ``Transport``, served by a keeper.
 
@@ -207,20 +230,36 @@ class RelayTransport:
     def open(self, header: dict[str, Any]) -> socket.socket:
         if not self.active:
             raise paramiko.SSHException("the connection is closed")
+        runs = header.get("op") in ("exec", "shell")
+        again = runs and _repeatable()
         for attempt in (1, 2):
+            if runs:  # the keeper says by it whether this exec went out (at most once)
+                header = {**header, "id": uuid.uuid4().hex}
             try:
                 sock, answer = ask(self.path, header, self.timeout)
             except Gone as exc:
-                if exc.sent and header.get("op") in ("exec", "shell") and self._link_answers():
-                    # at most once: the link is alive, so the host may have started it and only
-                    # the answer was late; sending it again could run it twice. The keeper is
-                    # left alone (other commands share it); this command fails, saying so. (A
-                    # link that does not answer now took the command nowhere: a fresh one runs it)
-                    raise paramiko.SSHException(
-                        f"the kept connection did not answer within {self.timeout:g}s after the "
-                        "command was sent; it may have started on the host, so it is not sent "
-                        "again (--no-keep connects afresh)") from None
-                answer, sock = {"ok": False, "lost": True, "error": "no keeper"}, None
+                if not (exc.sent and runs):
+                    answer, sock = {"ok": False, "lost": True, "error": "no keeper"}, None
+                else:
+                    fate = self._fate(str(header["id"]))
+                    if fate == "withdrawn, link alive":  # it never went out, and never will
+                        if attempt == 1:
+                            continue  # ask again, once
+                        raise paramiko.SSHException(
+                            f"the kept connection did not answer within {self.timeout:g}s, "
+                            "twice; nothing was run (--no-keep connects afresh)") from None
+                    if fate == "withdrawn, link dead" or (again and fate != "issued, link alive"):
+                        # nothing ran, or it only reads: a fresh connection runs it
+                        answer, sock = {"ok": False, "lost": True,
+                                        "error": "the kept link was lost; nothing was run"}, None
+                    else:
+                        # at most once: the host may have started it and only the answer was
+                        # late or lost; sending it again could run it twice. The keeper is left
+                        # to the others sharing it; this command fails, saying so
+                        raise paramiko.SSHException(
+                            f"the kept connection did not answer within {self.timeout:g}s after "
+                            "the command was sent; it may have started on the host, so it is not "
+                            "sent again (--no-keep connects afresh)") from None
             if answer.get("ok") and sock is not None:
                 sock.heartbeat = float(answer.get("heartbeat") or 0)  # type: ignore[attr-defined]
                 with self._lock:
@@ -232,20 +271,31 @@ class RelayTransport:
                 sock.close()
             if isinstance(answer.get("code"), int):  # the host refused this channel alone
                 raise paramiko.ChannelException(answer["code"], str(answer.get("error") or ""))
+            if answer.get("issued") and not again:
+                raise paramiko.SSHException(
+                    f"the kept connection was lost after the command was sent "
+                    f"({answer.get('error') or 'no answer'}); it may have started on the host, "
+                    "so it is not sent again")
             if not answer.get("lost") or attempt == 2:
                 raise paramiko.SSHException(str(answer.get("error") or "refused by the host"))
             self.path = self.renew()
         raise AssertionError("unreachable")
 
-    def _link_answers(self) -> bool:
-        """Whether the keeper's SSH link answers the host's keepalive now; True when that cannot
-        be told (a keeper that does not answer either: the command's fate is unknown)."""
+    def _fate(self, request: str) -> str:
+        """What became of a request whose answer did not come: whether its exec went out
+        ("issued": the host may run it; "withdrawn": it never will) and whether the keeper's
+        link answers the host's keepalive now ("alive", "dead"); "unknown" when the keeper does
+        not answer either (or is too old to say)."""
         try:
-            sock, answer = ask(self.path, {"op": "probe", "wait": self.timeout}, self.timeout + 5)
+            sock, answer = ask(self.path, {"op": "probe", "wait": self.timeout, "id": request},
+                               self.timeout + 5)
         except Gone:
-            return True
+            return "unknown"
         sock.close()
-        return answer.get("answered") is not False
+        if "issued" not in answer:
+            return "unknown"
+        return (f"{'issued' if answer['issued'] else 'withdrawn'}, "
+                f"link {'dead' if answer.get('answered') is False else 'alive'}")
 
     def forget(self, sock: socket.socket) -> None:
         with self._lock:

@@ -244,7 +244,8 @@ def cancel(ex: Executor, step: str = "") -> list[dict[str, Any]]:
     ``left``, ``lock``; ``why`` when it was left running). Nothing running: []."""
     def parse(out: str) -> list[dict[str, Any]]:
         return [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
-    return ex.query("cancel", cancel_script(step), parse, what="the cancel")
+    return ex.query("cancel", cancel_script(step), parse, what="the cancel",
+                    reads_only=False)
 
 
 def stopped_text(stopped: list[dict[str, Any]], name: str = "", again: str = "bootstrap") -> str:

@@ -51,7 +51,8 @@ def host_script(ex: Executor, mode: str, records: Sequence[str]) -> list[str]:
     return ex.query(f"sync-{mode}", render("sync/sync_host.sh.j2", mode=mode),
                     lambda out: [x for x in out.split("\0") if x], what=f"the sync's {mode} step",
                     stdin="".join(f"{x}\0" for x in records),
-                    fix="check that the folder is writable and the disk not full")
+                    fix="check that the folder is writable and the disk not full",
+                    reads_only=False)
 
 
 class _Meter:

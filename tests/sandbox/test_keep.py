@@ -329,6 +329,54 @@ def test_a_silently_dropped_link_is_replaced_within_the_timeout(hosts: Hosts, ke
         proxy.close()
 
 
+class OneWayProxy(SilentProxy):
+    """A link that fails one way: what the keeper sends still reaches the host (the host acts on
+    it), and nothing the host says comes back."""
+
+    def silence(self) -> None:
+        with self.lock:
+            self.silenced |= {c for c in self.conns if self._towards_host(c)}
+
+    def _towards_host(self, conn: socket.socket) -> bool:
+        try:
+            return bool(conn.getpeername()[1] == self.target[1])
+        except OSError:
+            return False  # a connection already closed
+
+
+def test_a_command_whose_answer_never_came_back_runs_once(hosts: Hosts, kept: Kept,
+                                                          tmp_path: Path) -> None:
+    """The link dies just after the command's exec left the keeper: the host runs it, and its
+    answer never comes. The command fails saying it may have started (not sent again through a
+    fresh connection: the host would run it twice); a read (facts) on the same dead link runs
+    again on a fresh one."""
+    info = hosts.get("cpu-only")
+    proxy = OneWayProxy((info.host, info.port))
+    mark = f"ran-once-{uuid.uuid4().hex[:8]}"
+    try:
+        inv = info.inventory_with(tmp_path / "via.yaml", host="127.0.0.1", port=proxy.port)
+        kept.ok("-H", inv, "facts", "--json")
+        [first] = kept.pids()
+        time.sleep(1)  # the keeper's spare channel is open: the exec costs one message
+        proxy.silence()
+        r = kept("-t", "3", "-H", inv, "shell", "--", "bash", "-c", f"echo ran >> ~/{mark}")
+        assert r.returncode != 0
+        assert "it may have started on the host, so it is not sent again" in r.stderr, r.stderr
+        harness.wait_until(lambda: first not in kept.pids(), "the old keeper to end", timeout=30)
+        r = kept.ok("-H", inv, "shell", "--", "cat", mark)
+        assert r.stdout == "ran\n"  # once
+        [second] = kept.pids()
+        time.sleep(1)
+        proxy.silence()
+        before = handshakes(info)
+        r = kept.ok("-t", "3", "-H", inv, "facts", "--json")
+        assert json.loads(r.stdout)["hostname"] == info.id
+        assert handshakes(info) == before + 1  # it only reads: run again on a fresh link
+    finally:
+        kept("-H", info.inventory, "shell", "--", "rm", "-f", mark)
+        proxy.close()
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0

@@ -5,6 +5,7 @@ too late."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -20,10 +21,11 @@ from provision.remote import relay
 
 class SlowKeeper:
     """Reads each request line and never answers in time (a keeper behind a slow link); a
-    probe of its link it answers with ``link`` (None: not at all)."""
+    probe of its link it answers with ``link`` (None: not at all), and whether the command's
+    exec had gone out with ``issued`` (None: a keeper too old to say)."""
 
-    def __init__(self, path: str, link: bool | None = True):
-        self.link = link
+    def __init__(self, path: str, link: bool | None = True, issued: bool | None = True):
+        self.link, self.issued = link, issued
         self.requests: list[dict[str, object]] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
@@ -41,7 +43,10 @@ class SlowKeeper:
             request = json.loads(relay.read_line(conn))
             self.requests.append(request)
             if request["op"] == "probe" and self.link is not None:
-                conn.sendall(json.dumps({"answered": self.link}).encode() + b"\n")
+                answer: dict[str, object] = {"answered": self.link}
+                if self.issued is not None:
+                    answer["issued"] = self.issued
+                conn.sendall(json.dumps(answer).encode() + b"\n")
 
     def close(self) -> None:
         self.listener.close()
@@ -84,18 +89,53 @@ def test_a_request_that_never_went_out_is_retried(tmp_path: Path,
     assert [r.get("command") for r in keeper.requests] == ["echo once", None]
 
 
-def test_a_command_sent_into_a_dead_link_runs_on_a_fresh_one(tmp_path: Path) -> None:
-    """The link dropped silently (NAT, a sleeping laptop): the keeper's probe of it gets no
-    answer, so the command went nowhere; the fresh keeper runs it (once)."""
-    dead = SlowKeeper(str(tmp_path / "dead"), link=False)
-    fresh = SlowKeeper(str(tmp_path / "fresh"), link=True)
-    transport = relay.RelayTransport(str(tmp_path / "dead"), 0.5, lambda: str(tmp_path / "fresh"))
+@pytest.mark.parametrize(("issued", "reads_only", "runs_again"), [
+    (False, False, True),  # it never went out (and now never will): the fresh keeper runs it
+    (True, False, False),  # it went out just before the link died: the host may be running it
+    (True, True, True),  # it went out, but it only reads: running it twice harms nothing
+    (None, False, False),  # a keeper too old to say: it may have gone out
+])
+def test_a_command_in_flight_on_a_dead_link(tmp_path: Path, issued: bool | None,
+                                            reads_only: bool, runs_again: bool) -> None:
+    """The link dropped (NAT, a sleeping laptop, a cut cable) with the command's request at the
+    keeper: the keeper's probe of it gets no answer. Whether the command is sent again on a fresh
+    keeper depends on whether its exec had left the keeper (the host may have it) and whether
+    the command only reads."""
+    dead = SlowKeeper(str(tmp_path / "dead"), link=False, issued=issued)
+    fresh = SlowKeeper(str(tmp_path / "fresh"), link=True, issued=True)
+    renewed: list[int] = []
+
+    def renew() -> str:
+        renewed.append(1)
+        return str(tmp_path / "fresh")
+
+    transport = relay.RelayTransport(str(tmp_path / "dead"), 0.5, renew)
     with pytest.raises(paramiko.SSHException, match="may have started on the host"):
-        transport.open({"op": "exec", "command": "python train.py", "env": {}})
+        with relay.repeatable() if reads_only else contextlib.nullcontext():
+            transport.open({"op": "exec", "command": "python train.py", "env": {}})
     assert [r["op"] for r in dead.requests] == ["exec", "probe"]
-    assert [r["op"] for r in fresh.requests] == ["exec", "probe"]  # sent again there, once
+    asked = dead.requests[1]
+    assert asked["id"] == dead.requests[0]["id"]  # about this very request
+    if runs_again:
+        assert [r["op"] for r in fresh.requests] == ["exec", "probe"]  # sent again there, once
+        assert fresh.requests[0]["id"] != asked["id"] and renewed == [1]
+    else:
+        assert fresh.requests == [] and renewed == []  # never sent twice
     dead.close()
     fresh.close()
+
+
+def test_a_request_withdrawn_on_a_live_link_is_asked_again_once(tmp_path: Path) -> None:
+    """The keeper was slow before the exec went out (a channel that took long to open), its link
+    is fine: the request is withdrawn, so it is asked again, once, and then the command fails
+    saying that nothing ran."""
+    keeper = SlowKeeper(str(tmp_path / "k"), link=True, issued=False)
+    transport = relay.RelayTransport(str(tmp_path / "k"), 0.5, lambda: str(tmp_path / "k"))
+    with pytest.raises(paramiko.SSHException, match=r"twice; nothing was run"):
+        transport.open({"op": "exec", "command": "python train.py", "env": {}})
+    assert [r["op"] for r in keeper.requests] == ["exec", "probe", "exec", "probe"]
+    assert len({r["id"] for r in keeper.requests}) == 2
+    keeper.close()
 
 
 def test_a_channel_that_runs_nothing_may_be_asked_again(slow: tuple[SlowKeeper, str]) -> None:
