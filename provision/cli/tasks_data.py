@@ -199,7 +199,8 @@ def autostop(c: Context, idle: str = DEFAULT_IDLE,
             settings = settings_for(target, facts.platform)
             platform = load_platform(settings.platform)
             base = expand_home(settings.data_dir, facts.home) if settings.data_dir else None
-            decision = autostop_mod.decide(platform, req, facts.home, base)
+            decision = autostop_mod.decide(platform, req, facts.home, base,
+                                           machine=facts.hostname)
             # the platform's API key, if the inventory pushes one: pushed only when every
             # push_env name is set here (the env file is written whole; a partial set would drop
             # the host's other tokens); else the key already on the host is checked for

@@ -160,13 +160,16 @@ NONE = StopAction(keeps="everything: nothing is stopped", loses="nothing", bills
                   "as before", deletes="nothing")  # --action none: notices, hook, cap warnings
 
 
-def decide(platform: Platform, req: Request, home: str, base: str | None = None) -> Decision:
+def decide(platform: Platform, req: Request, home: str, base: str | None = None,
+           machine: str = "") -> Decision:
     """The action and what is saved first; raises ProvisionError (one line: what, why, and what
     to say instead) for an action that would delete data not given up explicitly, one that does
     not end the billing, one the platform cannot do, or a --save whose copy would land on
     storage the action deletes (each action's ``keeps_paths``: a copy is only kept on a separate
     mount there; the host checks the mount itself at install and again before the stop). A
-    relative ``--save`` is under ``base`` (the data dir, as for sync), else the home."""
+    relative ``--save`` is under ``base`` (the data dir, as for sync), else the home. The copy
+    goes to a folder of this ``machine`` (its host name) under the persistent storage: a network
+    volume is often shared by several machines, each saving a ``ckpt`` of its own."""
     validate(req)
     prof = platform.autostop
     known = ", ".join(k for k, a in prof.actions.items() if not a.refused) or "none"
@@ -222,7 +225,9 @@ def decide(platform: Platform, req: Request, home: str, base: str | None = None)
             raise ProvisionError(f"platform {platform.name}: its {name} deletes {spec.loses} "
                                  "and its profile names no storage it keeps: --save would be "
                                  "lost with it")
-    save_to = f"{persistent.rstrip('/')}/{SAVED}" if persistent and save else None
+    folder = re.sub(r"[^A-Za-z0-9._-]+", "-", machine).strip(".-")
+    save_to = (f"{persistent.rstrip('/')}/{SAVED}" + (f"/{folder}" if folder else "")
+               if persistent and save else None)
     if save and persistent and (save + "/").startswith(persistent.rstrip("/") + "/"):
         notes.append(f"{save} is already on persistent storage ({persistent}): nothing to copy")
         save_to = persistent

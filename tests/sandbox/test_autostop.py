@@ -161,10 +161,10 @@ def test_waits_for_jobs_and_busy_gpus_then_saves_and_stops(host: harness.HostInf
     assert view["set"] and view["alive"] and view["supervisor"] == "setsid"
     assert view["config"]["action"] == "stop" and view["config"]["action_text"] == \
         "/usr/bin/shutdown"
-    assert view["config"]["save_to"] == "/root/autodl-fs/autostop-saved"
+    name = ssh(host, "hostname")[1].strip()  # the copy goes to a folder of this machine's
+    assert view["config"]["save_to"] == f"/root/autodl-fs/autostop-saved/{name}"
     assert "15 days" in view["config"]["keeps"]  # what the stop keeps, from the profile
     where = view["dir"]  # on AutoDL's file storage, under this host's name
-    name = ssh(host, "hostname")[1].strip()
     assert where == f"/root/autodl-fs/.gpu-provision/hosts/{name}/autostop"
 
     busy_for_longer_than_idle(host, "job train (pid ", where)
@@ -177,7 +177,7 @@ def test_waits_for_jobs_and_busy_gpus_then_saves_and_stops(host: harness.HostInf
     set_gpu(host, 0, 3)
     wait_for(lambda: calls_since(host, n, "shutdown"), "the shutdown")
     assert calls_since(host, n, "shutdown")[0]["argv"] == []  # AutoDL's documented form
-    assert ssh(host, "cd /root/autodl-fs/autostop-saved/ckpt && cmp ep1.pt "
+    assert ssh(host, f"cd /root/autodl-fs/autostop-saved/{name}/ckpt && cmp ep1.pt "
                      "/root/autodl-tmp/ckpt/ep1.pt && cat 'sub/a b.json'") == (0, "meta\n")
     text = log(host, where)
     assert text.index("saving /root/autodl-tmp/ckpt") < text.index("ran /usr/bin/shutdown: exit 0")
@@ -220,7 +220,7 @@ def test_runpod_stop_through_api_v2_and_a_resumed_pod_says_fired(
         [("GET", "api.runpod.io", "/v2/pods/pod7x", None),
          ("POST", "api.runpod.io", "/v2/pods/pod7x/action", {"action": "stop"})]
     assert {c.headers["Authorization"] for c in calls} == {f"Bearer {key}"}
-    assert ssh(host, "cat /workspace/autostop-saved/ckpt/w.pt") == (0, "weights\n")
+    assert ssh(host, f"cat /workspace/autostop-saved/{name}/ckpt/w.pt") == (0, "weights\n")
     v = status(host, inv, gp_home, tmp_path)  # the state was on /workspace
     assert v["fired"] and not v["alive"]
     # what fired, and that nothing watches the resumed pod (N16)

@@ -10,6 +10,7 @@ an assertion that no stop call was made."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Iterator
@@ -212,18 +213,69 @@ def test_a_symlinked_save_is_copied_as_its_content_and_a_missing_one_holds_the_s
     assert r.returncode == 0, r.stdout + r.stderr
     where = json.loads(r.stdout)["dir"]
     harness.wait_until(lambda: stops(api, "podlink"), "the stop", timeout=60)
-    saved = "/workspace/autostop-saved/ckpt"
+    name = ssh(host, "hostname")[1].strip()
+    saved = f"/workspace/autostop-saved/{name}/ckpt"
     assert ssh(host, f"test -d {saved} && ! test -L {saved} && ! test -L {saved}/sub/optim.pt "
                      f"&& cmp {saved}/ep1.pt /root/scratch/ckpt/ep1.pt && "
                      f"cat {saved}/sub/optim.pt") == (0, "opt\n")
     text = log(host, where)
     assert "saved: 2 files, 200004 bytes, each checked (size and sha256) in " \
-        "/workspace/autostop-saved, flushed" in text
+        f"/workspace/autostop-saved/{name}, flushed" in text
     # the hook first (its output in the log), then the checked save, then the stop
     assert text.index("hook: pushed the code") < text.index("saved: 2 files") < \
         text.index("POST https://api.runpod.io/v2/pods/podlink")
     assert state(host, where)["hook_result"].startswith("exit 0 after ")
     assert linked.stopped is False and api.violations == []
+
+
+def test_a_volume_that_cannot_keep_the_copy_is_found_at_install_or_holds_the_stop(
+        host: harness.HostInfo, api: PlatformApi, gp_home: Path, tmp_path: Path) -> None:
+    """The kept volume is judged at install and again at the stop by what would lose the copy:
+    mounted read-only (refused at install, nothing written), a save larger than its free space
+    (said at install), another volume at its mount point, which lacks the mark the install left
+    (the stop is held), and a link on it leading back to the machine's own disk (held)."""
+    inv = host.inventory_with(tmp_path / "pod.yaml", platform="runpod")
+    name = ssh(host, "hostname")[1].strip()
+    ssh(host, "rm -rf /root/ckpt /root/elsewhere; mkdir -p /root/ckpt && echo w > /root/ckpt/w.pt")
+    pod(host, api, "podvol", mode="noop")
+    ssh(host, "mount -o remount,bind,ro /workspace")
+    try:
+        r = autostop(host, inv, gp_home, tmp_path, "--save", "/root/ckpt")
+    finally:
+        ssh(host, "mount -o remount,bind,rw /workspace")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "--save: /workspace on /workspace cannot be written here (read-only, or full?)" \
+        in r.stderr
+    assert ssh(host, "ls -A /workspace/.gpu-provision")[0] != 0  # nothing was left there
+
+    ssh(host, "truncate -s 15T /root/ckpt/huge.pt")  # 15 TiB as the copy would read it
+    job(host, "train")  # busy: nothing fires while the volume is changed under it
+    r = autostop(host, inv, gp_home, tmp_path, "--save", "/root/ckpt", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"/root/ckpt holds 164926744\d{5} bytes and /workspace has \d+ free: "
+                     r"the copy would not fit now, and the stop would be held", r.stderr), r.stderr
+    where = json.loads(r.stdout)["dir"]
+    token = ssh(host, f"cat {where}/keep_token")[1].strip()
+    assert len(token) == 36 and ssh(host, "cat /workspace/.gpu-provision-volume")[1].strip() \
+        == token
+    ssh(host, "rm /root/ckpt/huge.pt /workspace/.gpu-provision-volume; "
+              f"kill -- -$(cat {JOBS}/train/pid)")  # as if another volume were mounted there
+    harness.wait_until(lambda: "its mark .gpu-provision-volume is missing or another's" in
+                       state(host, where).get("held", ""), "the stop held", timeout=60)
+    assert stops(api, "podvol") == []  # the stop would clear the disk: never fired
+    gpu_provision("-H", inv, "autostop", "--cancel", home=gp_home, cwd=tmp_path)
+
+    job(host, "train2")
+    r = autostop(host, inv, gp_home, tmp_path, "--save", "/root/ckpt", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    where = json.loads(r.stdout)["dir"]
+    ssh(host, "mkdir -p /root/elsewhere /workspace/autostop-saved && "
+              f"ln -sfn /root/elsewhere /workspace/autostop-saved/{name}; "
+              f"kill -- -$(cat {JOBS}/train2/pid)")
+    harness.wait_until(lambda: f"/workspace/autostop-saved/{name} leads off /workspace (to "
+                       "/root/elsewhere)" in state(host, where).get("held", ""),
+                       "the stop held", timeout=60)
+    assert stops(api, "podvol") == [] and ssh(host, "ls -A /root/elsewhere") == (0, "")
 
 
 def test_a_job_started_during_a_long_save_keeps_the_machine_up(

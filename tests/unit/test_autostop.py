@@ -82,6 +82,15 @@ def test_what_each_platform_runs(platform: str, flags: dict[str, str], action: s
     assert d.action_text == action and d.save_to == saved
 
 
+def test_machines_sharing_a_volume_save_apart() -> None:
+    """Two pods with the one network volume, each saving its ``ckpt``: each copy lands in a
+    folder of its machine's name (made safe for a path), so neither overwrites the other."""
+    req = autostop.Request(save="/root/ckpt")
+    a, b = (autostop.decide(PLATFORMS["runpod"], req, "/root", machine=m).save_to
+            for m in ("a1b2c3d4e5f6", "pod 7/x"))
+    assert (a, b) == ("/workspace/autostop-saved/a1b2c3d4e5f6", "/workspace/autostop-saved/pod-7-x")
+
+
 def test_relative_save_is_under_the_data_dir() -> None:
     d = autostop.decide(PLATFORMS["autodl"], autostop.Request(save="run1/ckpt"), "/root",
                         "/root/autodl-tmp")
