@@ -46,7 +46,7 @@ from paramiko.hostkeys import HostKeys
 
 from ..errors import ProvisionError, SSHError
 from . import rundir
-from .relay import Gone, RelayTransport, ask
+from .relay import PROTOCOL, Gone, RelayTransport, ask
 from .rundir import NAME_LEN, SAFE_PATH, run_dir
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def socket_for(ident: str, server_key: str) -> str:
     d = run_dir()
     if d is None:
         raise OSError("no folder for keeper sockets")
-    name = hashlib.sha256(f"{ident} {server_key}".encode()).hexdigest()[:NAME_LEN]
+    name = hashlib.sha256(f"{ident} {server_key} {PROTOCOL}".encode()).hexdigest()[:NAME_LEN]
     return str(d / name)
 
 
@@ -111,10 +111,15 @@ def pinned_key(target: Target, known_hosts: Path) -> str | None:
 class KeptConnection(Connection):  # type: ignore[misc]
     """A Fabric ``Connection`` whose transport is a keeper's (see ``relay.RelayTransport``)."""
 
+    # real attributes (an attribute invoke's DataProxy does not know is kept in the config,
+    # which is copied deeply when it merges: close() then closed a copy of the relay, not the
+    # one the channels were opened on, and Ctrl-C left the command waiting)
+    relay: RelayTransport = None  # type: ignore[assignment]  # set in __init__
+    kept_sftp: paramiko.SFTPClient | None = None
+
     def __init__(self, target: Target, relay: RelayTransport):
         super().__init__(target.host, user=target.user, port=target.port)
         self.relay = relay
-        self.kept_sftp: paramiko.SFTPClient | None = None
         self.transport = relay
         self.client._transport = relay  # SSHClient.get_transport() and open_sftp() use it
 
