@@ -236,7 +236,8 @@ def verify(c: Context, junit: str | None = None) -> None:
         # what the suite checks against is written by bootstrap's validation: without it every
         # check would fail with the same complaint
         seen = ex.run(
-            Command(("test", "-f", CONTRACT.expected)), step="verify", check=False)
+            Command(("test", "-f", CONTRACT.expected)), step="verify", check=False,
+            reads_only=True)
         if seen.exit_code != 0:
             raise ProvisionError(f"{target.name}: this host was never bootstrapped by "
                                  f"gpu-provision (no ~/{CONTRACT.expected}), so there is "

@@ -32,7 +32,8 @@ def report(c: Context, out: str | None = None, json_: bool = False) -> dict[str,
     validation = store.last_report(target.name)
     with session_of(c) as s:
         facts = s.facts()
-        parts = s.ex.query("report", bundle.script(), bundle.parse, what="the report's evidence")
+        parts = s.ex.query("report", bundle.script(), bundle.parse, what="the report's evidence",
+                           reads_only=True)
     secrets = tuple(push_values(target, required=False).values())
     text = bundle.bundle(target.name, facts.as_json(), validation, parts, secrets, now=time.time())
     path = Path(out) if out else store.report_path(target.name, "report", run_id(), ext="md")

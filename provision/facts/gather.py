@@ -104,7 +104,7 @@ def gather(ex: Executor, target: Target | None = None, step_logs: bool = False,
         platforms, script = ahead.get()
     else:
         platforms, script = prepare(target, step_logs)
-    doc = ex.query("facts", script, json.loads, what="the facts", any_exit=True,
+    doc = ex.query("facts", script, json.loads, what="the facts", any_exit=True, reads_only=True,
                    fix="the facts script printed no JSON: the host needs bash and coreutils; "
                        "see the output above")
     return parse_facts(doc, markers_of(platforms))

@@ -120,7 +120,7 @@ def list_script() -> str:
 def list_jobs(ex: Executor) -> HostJobs:
     """Every job on the host with its state (one remote execution)."""
     return ex.query("jobs", list_script(), lambda out: parse_records(out, ex.host),
-                    what="the job list")
+                    what="the job list", reads_only=True)
 
 
 def health_script(job: str) -> str:
@@ -133,7 +133,8 @@ def job_health(ex: Executor, job: str) -> list[str]:
         got = dict(line.partition(" ")[::2] for line in out.splitlines() if line.startswith("health-"))
         return health.job_health((got.get("health-start", ""), got.get("health-end", "")),
                                  got.get("health-now", ""))
-    return ex.query("job-health", health_script(job), parse, what="the job's GPU health")
+    return ex.query("job-health", health_script(job), parse, what="the job's GPU health",
+                    reads_only=True)
 
 
 def kill_script(job: str, grace: int) -> str:
@@ -177,7 +178,7 @@ def sample(ex: Executor, on_line: Callable[[str], None], *, interval: int = 2, s
     """Run the sampler (ONE remote execution for its whole life): each JSON line to ``on_line``.
     Returns its exit code; ends when ``samples`` are out, or when the connection closes."""
     r = ex.run(bash_script(sampler_script(interval, samples, data_dirs)), step="watch",
-               check=False, on_out=on_line, on_err=lambda _: None)
+               check=False, on_out=on_line, on_err=lambda _: None, reads_only=True)
     return r.exit_code
 
 

@@ -327,7 +327,8 @@ def probe(ex: Executor, metadata: str = METADATA) -> dict[str, Any]:
     """What the host shows of its cloud (DMI, Xen's uuid; AWS's instance life cycle, GCP's and
     Azure's Spot flags from their instance metadata) and whether nvidia-smi sees its GPUs.
     Changes nothing."""
-    r = run_foreground(ex, "autostop-probe", _ctl("probe", metadata=metadata), again="autostop")
+    r = run_foreground(ex, "autostop-probe", _ctl("probe", metadata=metadata), again="autostop",
+                       reads_only=True)
     if not isinstance(r.result, dict):
         raise ProvisionError(f"{ex.host}: autostop: the host answered {r.result!r}")
     return r.result
@@ -422,7 +423,7 @@ def cancel(ex: Executor) -> bool:
 
 def raw_status(ex: Executor) -> dict[str, Any]:
     r = run_foreground(ex, "autostop-status", _ctl("status", persist_dirs=persistent_dirs()),
-                       again="autostop --status")
+                       again="autostop --status", reads_only=True)
     if not isinstance(r.result, dict):
         raise ProvisionError(f"{ex.host}: autostop --status: the host answered {r.result!r}")
     return r.result

@@ -68,7 +68,8 @@ def parse_probe(line: str) -> Probe:
 
 def probe(ex: Executor) -> Probe:
     return ex.query("cost", idle_probe_script(), lambda out: parse_probe(out.strip().splitlines()[-1]),
-                    what="the cost probe", any_exit=True, fix="the host needs bash and coreutils")
+                    what="the cost probe", any_exit=True, fix="the host needs bash and coreutils",
+                    reads_only=True)
 
 
 def busy_now(p: Probe, util_max: int | None = None, mem_max_mib: int | None = None) -> str | None:

@@ -136,12 +136,14 @@ class Executor:
     def run(self, command: Command, step: str, check: bool = True, timeout: int | None = None,
             on_out: Callable[[str], None] | None = None,
             on_err: Callable[[str], None] | None = None, stdin: str | None = None,
-            what: str | None = None) -> Result:
+            what: str | None = None, reads_only: bool = False) -> Result:
         """Run one command remotely (one SSH exec channel). Raises RemoteError when ``check``
         and it exits non-zero, and ConnectionLost (naming ``what``, by default the step) whenever
         the connection is lost, ``check`` or not. ``on_out``/``on_err``
         receive each output line (secrets masked) as it arrives; the result still holds all of
-        it. ``stdin`` is sent to the command and never logged."""
+        it. ``stdin`` is sent to the command and never logged. ``reads_only``: the command
+        changes nothing on the host, so a kept connection may run it again on a fresh link
+        where it cannot tell whether it ran (relay.repeatable); else it is never sent twice."""
         started = time.monotonic()
         self.executions += 1
         secrets = (*self.secrets, *command.secrets)
@@ -150,7 +152,8 @@ class Executor:
             def shown(emit: Callable[[str], None] | None) -> _Lines:
                 return _Lines((lambda line: emit(mask(line, secrets))) if emit else (lambda _: None))
             streams = {"hide": False, "out_stream": shown(on_out), "err_stream": shown(on_err)}
-        with _interruptible(self.conn) as interrupted:
+        with _interruptible(self.conn) as interrupted, \
+                relay.repeatable() if reads_only else contextlib.nullcontext():
             try:
                 r = self.conn.run(command.render(), warn=True, timeout=timeout,
                                   in_stream=_Whole(stdin) if stdin is not None else False,
@@ -174,16 +177,15 @@ class Executor:
 
     def query(self, name: str, script: str, parse: Callable[[str], T], *, what: str,
               fix: str | None = None, stdin: str | None = None, any_exit: bool = False,
-              reads_only: bool = True) -> T:
+              reads_only: bool) -> T:
         """Everything that is not a step reads from the host this way: ONE execution of the bash
         ``script``, its stdout handed to ``parse``. A non-zero exit (unless ``any_exit``: the
         script reports its own state in what it prints) or an answer ``parse`` cannot read
         (ValueError, KeyError, IndexError) raises RemoteError with ``fix``; a lost connection
-        raises ConnectionLost naming ``what``. ``reads_only``: the script changes nothing, so
-        where a kept connection's link died with it in flight it runs again on a fresh one (a
-        script that changes the host is never sent twice: it fails, saying it may have run)."""
-        with relay.repeatable() if reads_only else contextlib.nullcontext():
-            r = self.run(bash_script(script), step=name, check=False, stdin=stdin, what=what)
+        raises ConnectionLost naming ``what``. ``reads_only``: the script changes nothing
+        (said by each caller: a script that changes the host is never sent twice), as run's."""
+        r = self.run(bash_script(script), step=name, check=False, stdin=stdin, what=what,
+                     reads_only=reads_only)
         shown = (r.stdout + r.stderr).replace("\0", "\n")
         if r.exit_code != 0 and not any_exit:
             raise RemoteError(self.host, name, r.exit_code, shown, fix=fix)
@@ -222,7 +224,7 @@ class Executor:
         return posixpath.join(home, path) if path else home
 
     def remote_sha256(self, path: str, step: str = "transfer") -> str:
-        r = self.run(Command(("sha256sum", "--", path)), step=step, check=False)
+        r = self.run(Command(("sha256sum", "--", path)), step=step, check=False, reads_only=True)
         if r.exit_code != 0 or not r.stdout.strip():
             raise RemoteError(self.host, step, r.exit_code, r.stdout + r.stderr,
                               fix="the host needs sha256sum (coreutils)")

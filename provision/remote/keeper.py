@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -46,6 +47,16 @@ class Withdrawn(Exception):
     """The command asked about this request before its exec went out: it is never sent."""
 
 
+def _hung_up(client: socket.socket) -> bool:
+    """Whether the command at ``client`` closed its end (it sends nothing until its answer)."""
+    try:
+        if not select.select([client], [], [], 0)[0]:
+            return False
+        return client.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
 class Keeper:
     def __init__(self, conn: Any, transport: paramiko.Transport, info: dict[str, Any],
                  keep: int, timeout: int):
@@ -59,6 +70,9 @@ class Keeper:
         self.probed = time.monotonic()
         self.probe: tuple[threading.Event, float, float] | None = None
         self.requests: OrderedDict[str, str] = OrderedDict()
+        # the clients waiting for the answer to an exec or shell, by request id: each gets one
+        # answer, from its channel's thread or, when we end first, from the end (_end_waiting)
+        self.waiting: dict[str, socket.socket] = {}
 
     def _settle(self, request: str, state: str) -> str:
         """The request's state: ``state`` if it had none yet, else the one it has (the exec
@@ -67,8 +81,40 @@ class Keeper:
             settled = self.requests.setdefault(request, state)
             self.requests.move_to_end(request)
             while len(self.requests) > REMEMBERED:
-                self.requests.popitem(last=False)
+                oldest, state = self.requests.popitem(last=False)
+                if oldest in self.waiting:  # still waited for: its state must hold
+                    self.requests[oldest] = state
+                    break
         return settled
+
+    def _answer(self, header: dict[str, Any], answer: dict[str, Any]) -> bool:
+        """Send a waiting client its one answer; False when it had one already, or is gone."""
+        request = header.get("id")
+        with self.lock:
+            client = self.waiting.pop(str(request), None) if request is not None else None
+        if request is not None and client is None:
+            return False
+        try:
+            header["client"].sendall(json.dumps(answer).encode() + b"\n")
+        except OSError:
+            return False
+        return True
+
+    def _end_waiting(self) -> None:
+        """We end (the link is dead, a stop) with commands still waiting for their answer: each
+        is told, and told truly whether its exec went out (a client that hears nothing must
+        assume it may have)."""
+        with self.lock:
+            waiting, self.waiting = dict(self.waiting), {}
+        for request, client in waiting.items():
+            issued = self._settle(request, WITHDRAWN) == ISSUED
+            try:
+                client.sendall(json.dumps({"ok": False, "lost": True, "issued": issued,
+                                           "error": "the kept connection ended"}).encode()
+                               + b"\n")
+            except OSError:
+                pass
+
 
     def _issued(self, header: dict[str, Any]) -> bool:
         request = header.get("id")
@@ -110,6 +156,7 @@ class Keeper:
                     break
                 continue
             threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+        self._end_waiting()
 
     def _should_end(self) -> bool:
         if not self.transport.is_active():
@@ -162,10 +209,12 @@ class Keeper:
                 # whether the host answers on our link now
                 request = header.get("id")
                 issued = request is not None and self._settle(str(request), WITHDRAWN) == ISSUED
-                wait = float(header.get("wait") or self.timeout)  # the asking command's timeout
-                answered = self._ask_server().wait(min(wait, self.timeout))
-                if not answered:
-                    self.stopping = True  # a dead link: the next command connects afresh
+                wait = float(header.get("wait", self.timeout))  # the asking command's timeout
+                answered: bool | None = None  # wait 0: a withdrawal, the link not asked about
+                if wait > 0:
+                    answered = self._ask_server().wait(min(wait, self.timeout))
+                    if not answered:
+                        self.stopping = True  # a dead link: the next command connects afresh
                 client.sendall(json.dumps({"answered": answered, "issued": issued}).encode()
                                + b"\n")
             else:
@@ -189,7 +238,10 @@ class Keeper:
                 chan.update_environment(header["env"])
             if op in ("exec", "shell"):
                 request = header.get("id")
-                if request is not None and self._settle(str(request), ISSUED) != ISSUED:
+                if request is not None and (_hung_up(header["client"])
+                                            or self._settle(str(request), ISSUED) != ISSUED):
+                    # its command asked about it, or went away (a Ctrl-C): never sent
+                    self._settle(str(request), WITHDRAWN)
                     raise Withdrawn(f"request {request} was withdrawn by its command")
                 if op == "exec":
                     chan.exec_command(header["command"])
@@ -205,32 +257,39 @@ class Keeper:
         return chan
 
     def _channel(self, client: socket.socket, header: dict[str, Any]) -> None:
+        header = {**header, "client": client}
         with self.lock:
             self.channels += 1
             self.last = time.time()
+            if header.get("id") is not None:
+                self.waiting[str(header["id"])] = client
         try:
             try:
                 chan = self._open(header)
             except paramiko.ChannelException as exc:  # the host said no: the link is fine
-                client.sendall(json.dumps({"ok": False, "lost": False, "code": exc.code,
-                                           "error": exc.text}).encode() + b"\n")
+                self._answer(header, {"ok": False, "lost": False, "code": exc.code,
+                                      "error": exc.text})
                 return
             except Withdrawn:
-                return  # its command asked about it and went on without it
+                self._answer(header, {"ok": False, "lost": False, "withdrawn": True,
+                                      "error": "withdrawn by its command"})
+                return
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 lost = not self.transport.is_active() or isinstance(exc, (EOFError, OSError))
                 # issued: the exec went out before the link failed, so the host may run it
-                client.sendall(json.dumps({"ok": False, "lost": lost, "error": str(exc),
-                                           "issued": self._issued(header)}).encode() + b"\n")
+                self._answer(header, {"ok": False, "lost": lost, "error": str(exc),
+                                      "issued": self._issued(header)})
                 if lost:
                     self.stopping = True
                 return
             # the server's banner and the login: whether it acts on signal requests
             # (relay.honours_signals), as the command would read them from its own Transport
             framed = header["op"] in ("exec", "shell")
-            client.sendall(json.dumps({"ok": True, "server": self.transport.remote_version,
-                                       "user": self.transport.get_username(),
-                                       "heartbeat": HEARTBEAT if framed else 0}).encode() + b"\n")
+            if not self._answer(header, {"ok": True, "server": self.transport.remote_version,
+                                         "user": self.transport.get_username(),
+                                         "heartbeat": HEARTBEAT if framed else 0}):
+                chan.close()  # its command is gone (a Ctrl-C) or was told we ended: end it
+                return
             if framed:
                 _framed(chan, client)
             else:

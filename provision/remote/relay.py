@@ -19,6 +19,7 @@ went out to the host, and the keeper withdraws it if it had not (at most once). 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import select
@@ -47,6 +48,12 @@ SIGNAL = b"s"
 # for gone (frozen, wedged) and the channel for lost, as a dead link is taken on a fresh
 # connection. An older keeper offers none and is waited for as before.
 BEAT = b"h"
+# In the keeper's socket name (keep.socket_for): a keeper speaking another version of this is
+# never asked (one from before an upgrade cannot say whether a command went out)
+PROTOCOL = 2
+# how many timeouts a command whose exec went out waits for its answer while the keeper's link
+# answers, before it fails saying it may have started
+LATE_ROUNDS = 6
 HEARTBEAT = 5.0
 MISSED = 4
 
@@ -127,13 +134,7 @@ def recv_frame(sock: socket.socket) -> tuple[bytes, bytes] | None:
 
 def read_line(sock: socket.socket, limit: int = 1 << 20) -> bytes:
     """One line, read a byte at a time so that nothing after it is consumed."""
-    buf = bytearray()
-    while not buf.endswith(b"\n"):
-        b = sock.recv(1)
-        if not b or len(buf) > limit:
-            raise Gone("the keeper closed the connection")
-        buf += b
-    return bytes(buf)
+    return _read_line(sock, bytearray(), limit)
 
 
 class Sock(socket.socket):
@@ -160,25 +161,50 @@ class Sock(socket.socket):
         self.shutdown(socket.SHUT_WR)
 
 
-def ask(path: str, header: dict[str, Any], timeout: float) -> tuple[socket.socket, dict[str, Any]]:
+def ask(path: str, header: dict[str, Any], timeout: float,
+        track: Callable[[socket.socket], None] | None = None,
+        late: Callable[[], bool] | None = None) -> tuple[socket.socket, dict[str, Any]]:
     """Open a connection to the keeper at ``path``, send ``header``, read its answer (at most
-    ``timeout`` seconds: a keeper whose link died silently must not hold the command)."""
+    ``timeout`` seconds: a keeper whose link died silently must not hold the command).
+
+    ``track``: given the socket before it connects (so that a close() elsewhere, a Ctrl-C,
+    ends the wait). ``late``: asked each time ``timeout`` passes with no answer: True waits on
+    for it on the same socket (the command is known to be on its way); else Gone."""
     sock = Sock(socket.AF_UNIX, socket.SOCK_STREAM)
+    if track is not None:
+        track(sock)
     sent = False
+    buf = bytearray()
     try:
         sock.settimeout(timeout)
         connect_ours(sock, path)  # another user's socket where ours should be: not a byte
         sent = True  # from here on the keeper may act on it, even if its answer never comes
         sock.sendall(json.dumps(header).encode() + b"\n")
-        answer = json.loads(read_line(sock))
+        while True:
+            try:
+                answer = json.loads(_read_line(sock, buf))
+                break
+            except TimeoutError:
+                if late is None or not late():
+                    raise
         sock.settimeout(None)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, Gone) as exc:
         sock.close()
         raise Gone(f"keeper {path}: {type(exc).__name__}: {exc}", sent=sent) from None
     except BaseException:
         sock.close()
         raise
     return sock, answer
+
+
+def _read_line(sock: socket.socket, buf: bytearray, limit: int = 1 << 20) -> bytes:
+    """read_line, into ``buf``, which keeps what came before a timeout."""
+    while not buf.endswith(b"\n"):
+        b = sock.recv(1)
+        if not b or len(buf) > limit:
+            raise Gone("the keeper closed the connection")
+        buf += b
+    return bytes(buf)
 
 
 _REPEATABLE = threading.local()
@@ -228,66 +254,100 @@ class RelayTransport:
         pass  # the keeper keeps its own connection alive
 
     def open(self, header: dict[str, Any]) -> socket.socket:
-        if not self.active:
-            raise paramiko.SSHException("the connection is closed")
         runs = header.get("op") in ("exec", "shell")
         again = runs and _repeatable()
         for attempt in (1, 2):
+            if not self.active:  # closed meanwhile (a Ctrl-C): nothing more is sent
+                raise paramiko.SSHException("the connection is closed")
+            path = self.path  # the keeper this attempt asks, and the one asked about it
+            fate: list[str] = []
             if runs:  # the keeper says by it whether this exec went out (at most once)
                 header = {**header, "id": uuid.uuid4().hex}
             try:
-                sock, answer = ask(self.path, header, self.timeout)
+                sock, answer = ask(path, header, self.timeout, track=self._track,
+                                   late=functools.partial(self._waits_on, path, header, fate)
+                                   if runs else None)
             except Gone as exc:
+                if not self.active:
+                    self._withdraw(path, header)
+                    raise paramiko.SSHException("the connection is closed") from None
                 if not (exc.sent and runs):
-                    answer, sock = {"ok": False, "lost": True, "error": "no keeper"}, None
+                    answer, sock = {"ok": False, "lost": True, "issued": False,
+                                    "error": "no keeper"}, None
                 else:
-                    fate = self._fate(str(header["id"]))
-                    if fate == "withdrawn, link alive":  # it never went out, and never will
+                    known = fate[-1] if fate else self._fate(path, str(header["id"]))
+                    if known == "withdrawn, link alive":  # it never went out, and never will
                         if attempt == 1:
                             continue  # ask again, once
                         raise paramiko.SSHException(
                             f"the kept connection did not answer within {self.timeout:g}s, "
                             "twice; nothing was run (--no-keep connects afresh)") from None
-                    if fate == "withdrawn, link dead" or (again and fate != "issued, link alive"):
+                    if known == "withdrawn, link dead" or (again and known != "issued, link alive"):
                         # nothing ran, or it only reads: a fresh connection runs it
-                        answer, sock = {"ok": False, "lost": True,
-                                        "error": "the kept link was lost; nothing was run"}, None
+                        answer, sock = {"ok": False, "lost": True, "issued": False,
+                                        "error": "the kept link was lost"}, None
                     else:
                         # at most once: the host may have started it and only the answer was
                         # late or lost; sending it again could run it twice. The keeper is left
                         # to the others sharing it; this command fails, saying so
                         raise paramiko.SSHException(
-                            f"the kept connection did not answer within {self.timeout:g}s after "
-                            "the command was sent; it may have started on the host, so it is not "
-                            "sent again (--no-keep connects afresh)") from None
+                            "the kept connection lost the command's answer after it was sent; "
+                            "it may have started on the host, so it is not sent again (see "
+                            "what runs there before running it again)") from None
             if answer.get("ok") and sock is not None:
                 sock.heartbeat = float(answer.get("heartbeat") or 0)  # type: ignore[attr-defined]
-                with self._lock:
-                    self._open.add(sock)
                 self.remote_version = str(answer.get("server") or "")  # as paramiko names it
                 self.username = answer.get("user")
                 return sock
             if sock is not None:
+                self.forget(sock)
                 sock.close()
             if isinstance(answer.get("code"), int):  # the host refused this channel alone
                 raise paramiko.ChannelException(answer["code"], str(answer.get("error") or ""))
-            if answer.get("issued") and not again:
+            if runs and answer.get("lost") and not again and answer.get("issued") is not False:
+                # issued (or a keeper too old to say): the exec may have reached the host
                 raise paramiko.SSHException(
                     f"the kept connection was lost after the command was sent "
                     f"({answer.get('error') or 'no answer'}); it may have started on the host, "
-                    "so it is not sent again")
+                    "so it is not sent again (see what runs there before running it again)")
             if not answer.get("lost") or attempt == 2:
                 raise paramiko.SSHException(str(answer.get("error") or "refused by the host"))
             self.path = self.renew()
         raise AssertionError("unreachable")
 
-    def _fate(self, request: str) -> str:
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self.active:
+                raise paramiko.SSHException("the connection is closed")
+            self._open = {s for s in self._open if s.fileno() != -1}  # the failed attempts'
+            self._open.add(sock)
+
+    def _waits_on(self, path: str, header: dict[str, Any], fate: list[str]) -> bool:
+        """The answer is late: whether to go on waiting for it. Yes while the keeper says the
+        exec went out and its link answers (a host slow to start the command; its answer is on
+        its way), up to LATE_ROUNDS timeouts; the fate found is kept in ``fate``."""
+        if not self.active or len(fate) >= LATE_ROUNDS:
+            return False
+        fate.append(self._fate(path, str(header["id"])))
+        return fate[-1] == "issued, link alive" and len(fate) < LATE_ROUNDS
+
+    def _withdraw(self, path: str, header: dict[str, Any]) -> None:
+        """The command was closed while it waited (Ctrl-C): withdraw its request, if it had not
+        gone out yet (the keeper also takes a client that hung up for one that withdrew)."""
+        if header.get("id"):
+            try:
+                sock, _ = ask(path, {"op": "probe", "wait": 0, "id": header["id"]}, 2.0)
+                sock.close()
+            except Gone:
+                pass
+
+    def _fate(self, path: str, request: str) -> str:
         """What became of a request whose answer did not come: whether its exec went out
         ("issued": the host may run it; "withdrawn": it never will) and whether the keeper's
         link answers the host's keepalive now ("alive", "dead"); "unknown" when the keeper does
         not answer either (or is too old to say)."""
         try:
-            sock, answer = ask(self.path, {"op": "probe", "wait": self.timeout, "id": request},
+            sock, answer = ask(path, {"op": "probe", "wait": self.timeout, "id": request},
                                self.timeout + 5)
         except Gone:
             return "unknown"

@@ -289,11 +289,12 @@ def run_follow(ex: Executor, name: str, where: str, *, offset: int = 0, lines: i
 
 
 def run_foreground(ex: Executor, name: str, body: str, stdin: str | None = None,
-                   again: str = "the task", needs_root: bool = False) -> StepRun:
+                   again: str = "the task", needs_root: bool = False,
+                   reads_only: bool = False) -> StepRun:
     """Run a quick ``body`` in the foreground (no lock, no journal of its own): for input that
     must never be written to a log on the host (``stdin``), and for small reads and writes."""
     script = foreground_script(name, body, needs_root)
     started = time.monotonic()
-    r = ex.run(bash_script(script), step=name, check=False, stdin=stdin)
+    r = ex.run(bash_script(script), step=name, check=False, stdin=stdin, reads_only=reads_only)
     return _finish(ex, name, r.stdout, r.stderr, r.exit_code, time.monotonic() - started, again,
                    host_log=False)

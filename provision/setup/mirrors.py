@@ -114,7 +114,8 @@ def probed(ex: Executor, plan: Plan) -> Plan:
         return plan
     unique = list(dict.fromkeys(p for d in wanted for p in d.probes))
     answers = ex.query("mirrors", probe_script(unique, plan.settings.mirrors.timeout),
-                       lambda out: parse_answers(out, len(unique)), what="the mirrors' probe")
+                       lambda out: parse_answers(out, len(unique)), what="the mirrors' probe",
+                       reads_only=True)
     by = dict(zip(unique, answers, strict=True))
     done = [replace(d, answers=tuple(by[p] for p in d.probes)) for d in wanted]
     risks = tuple(f"no listed {d.kind} mirror serves {d.what} ({d.said}): "

@@ -152,7 +152,8 @@ def list_host(ex: Executor, paths: Sequence[str],
         return parse_listing(out)
     return ex.query("sync-list", listing_script(paths, platforms), parse,
                     what="the listing of the host's side",
-                    fix="the host needs bash, find and df (coreutils, findutils)")
+                    fix="the host needs bash, find and df (coreutils, findutils)",
+                    reads_only=True)
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ def host_script(ex: Executor, mode: str, records: Sequence[str]) -> list[str]:
                     lambda out: [x for x in out.split("\0") if x], what=f"the sync's {mode} step",
                     stdin="".join(f"{x}\0" for x in records),
                     fix="check that the folder is writable and the disk not full",
-                    reads_only=False)
+                    reads_only=mode == "hash")
 
 
 class _Meter:

@@ -30,7 +30,7 @@ def host(_testinfra_host: testinfra.host.Host, pytestconfig: pytest.Config) -> t
         def run(command: str, *args: str, **kwargs: Any) -> Any:
             from provision.remote.command import bash_script
             cmd = backend.get_command(command, *args)
-            r = ex.run(bash_script(cmd), step="verify", check=False)
+            r = ex.run(bash_script(cmd), step="verify", check=False, reads_only=True)
             return backend.result(r.exit_code, backend.encode(cmd), r.stdout, r.stderr)
 
         backend.run = run

@@ -344,12 +344,14 @@ class OneWayProxy(SilentProxy):
             return False  # a connection already closed
 
 
+@pytest.mark.parametrize("ending", ["the answer times out", "the keeper is stopped"])
 def test_a_command_whose_answer_never_came_back_runs_once(hosts: Hosts, kept: Kept,
-                                                          tmp_path: Path) -> None:
+                                                          tmp_path: Path, ending: str) -> None:
     """The link dies just after the command's exec left the keeper: the host runs it, and its
-    answer never comes. The command fails saying it may have started (not sent again through a
-    fresh connection: the host would run it twice); a read (facts) on the same dead link runs
-    again on a fresh one."""
+    answer never comes; the command's wait ends by its timeout, or by the keeper ending first
+    (`keepers --stop`, its own check of the link). The command fails saying it may have started
+    (not sent again through a fresh connection: the host would run it twice); a read (facts) on
+    the same dead link runs again on a fresh one."""
     info = hosts.get("cpu-only")
     proxy = OneWayProxy((info.host, info.port))
     mark = f"ran-once-{uuid.uuid4().hex[:8]}"
@@ -359,7 +361,10 @@ def test_a_command_whose_answer_never_came_back_runs_once(hosts: Hosts, kept: Ke
         [first] = kept.pids()
         time.sleep(1)  # the keeper's spare channel is open: the exec costs one message
         proxy.silence()
-        r = kept("-t", "3", "-H", inv, "shell", "--", "bash", "-c", f"echo ran >> ~/{mark}")
+        if ending == "the keeper is stopped":
+            threading.Timer(3, lambda: kept.ok("keepers", "--stop")).start()
+        r = kept("-t", "3" if ending == "the answer times out" else "60", "-H", inv, "shell",
+                 "--", "bash", "-c", f"echo ran >> ~/{mark}")
         assert r.returncode != 0
         assert "it may have started on the host, so it is not sent again" in r.stderr, r.stderr
         harness.wait_until(lambda: first not in kept.pids(), "the old keeper to end", timeout=30)

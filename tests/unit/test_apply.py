@@ -64,7 +64,7 @@ class FakeExecutor:
     def run(self, command: Command, step: str, check: bool = True, timeout: int | None = None,
             on_out: Callable[[str], None] | None = None,
             on_err: Callable[[str], None] | None = None, stdin: str | None = None,
-            what: str | None = None) -> Result:
+            what: str | None = None, reads_only: bool = False) -> Result:
         self.executions += 1
         self.calls.append((step, command.render(), stdin))
         scripted = self.answers.get(step)

@@ -97,7 +97,7 @@ class LocalExecutor:
     def run(self, command: Command, step: str, check: bool = True, timeout: int | None = None,
             on_out: Callable[[str], None] | None = None,
             on_err: Callable[[str], None] | None = None, stdin: str | None = None,
-            what: str | None = None) -> _Result:
+            what: str | None = None, reads_only: bool = False) -> _Result:
         self.executions += 1
         r = subprocess.run(list(command.argv), capture_output=True, text=True, input=stdin,
                            env={"HOME": str(self.home), "PATH": "/usr/bin:/bin"})
@@ -106,7 +106,8 @@ class LocalExecutor:
         return _Result(r.returncode, r.stdout, r.stderr)
 
     def query(self, name: str, script: str, parse: Callable[[str], T], *, what: str,
-              fix: str | None = None, stdin: str | None = None, any_exit: bool = False) -> T:
+              fix: str | None = None, stdin: str | None = None, any_exit: bool = False,
+              reads_only: bool = False) -> T:
         r = self.run(bash_script(script), step=name, stdin=stdin)
         assert r.exit_code == 0 or any_exit, r.stderr
         return parse(r.stdout)

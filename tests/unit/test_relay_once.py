@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import paramiko
 import pytest
@@ -20,13 +21,20 @@ from provision.remote import relay
 
 
 class SlowKeeper:
-    """Reads each request line and never answers in time (a keeper behind a slow link); a
+    """Reads each request line and does not answer in time (a keeper behind a slow link); a
     probe of its link it answers with ``link`` (None: not at all), and whether the command's
-    exec had gone out with ``issued`` (None: a keeper too old to say)."""
+    exec had gone out with ``issued`` (None: a keeper too old to say). ``answer_after``: the
+    exec's answer comes after that many probes (a host slow to start it). ``reply``: the answer
+    sent at once instead (a keeper's error). ``hang_up``: the connection is closed unanswered
+    (a keeper that ends)."""
 
-    def __init__(self, path: str, link: bool | None = True, issued: bool | None = True):
-        self.link, self.issued = link, issued
-        self.requests: list[dict[str, object]] = []
+    def __init__(self, path: str, link: bool | None = True, issued: bool | None = True,
+                 answer_after: int | None = None, reply: dict[str, object] | None = None,
+                 hang_up: bool = False):
+        self.link, self.issued, self.answer_after = link, issued, answer_after
+        self.reply, self.hang_up = reply, hang_up
+        self.requests: list[dict[str, Any]] = []
+        self.waiting: list[socket.socket] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(8)
@@ -42,11 +50,24 @@ class SlowKeeper:
             self.held.append(conn)
             request = json.loads(relay.read_line(conn))
             self.requests.append(request)
-            if request["op"] == "probe" and self.link is not None:
+            if request["op"] != "probe":
+                if self.hang_up:
+                    conn.close()
+                elif self.reply is not None:
+                    conn.sendall(json.dumps(self.reply).encode() + b"\n")
+                self.waiting.append(conn)
+            elif self.link is not None:
                 answer: dict[str, object] = {"answered": self.link}
                 if self.issued is not None:
                     answer["issued"] = self.issued
+                probes = sum(r["op"] == "probe" for r in self.requests)
+                if self.answer_after is not None and probes == self.answer_after:
+                    self.waiting[-1].sendall(b'{"ok": true}\n' + relay.HEADER.pack(
+                        relay.STATUS, 1) + b"0")
                 conn.sendall(json.dumps(answer).encode() + b"\n")
+
+    def execs(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["op"] == "exec"]
 
     def close(self) -> None:
         self.listener.close()
@@ -63,6 +84,8 @@ def slow(tmp_path: Path) -> Iterator[tuple[SlowKeeper, str]]:
 
 
 def test_a_command_sent_is_never_sent_again(slow: tuple[SlowKeeper, str], tmp_path: Path) -> None:
+    """Its exec went out and the link answers, but no answer comes: it is waited for over
+    LATE_ROUNDS timeouts, each time asking the keeper, and then fails; never sent twice."""
     keeper, path = slow
     renewed: list[int] = []
 
@@ -70,23 +93,84 @@ def test_a_command_sent_is_never_sent_again(slow: tuple[SlowKeeper, str], tmp_pa
         renewed.append(1)
         return path
 
-    transport = relay.RelayTransport(path, 0.5, renew)
-    with pytest.raises(paramiko.SSHException, match=r"did not answer within 0\.5s after the "
-                       r"command was sent; it may have started on the host, so it is not sent"):
+    transport = relay.RelayTransport(path, 0.3, renew)
+    with pytest.raises(paramiko.SSHException, match=r"lost the command's answer after it was "
+                       r"sent; it may have started on the host, so it is not sent again"):
         transport.open({"op": "exec", "command": "python train.py", "env": {}})
-    assert [r.get("command") for r in keeper.requests] == ["python train.py", None]  # once
-    assert keeper.requests[1]["op"] == "probe"  # the link answers: the host may have it
+    [sent] = keeper.execs()  # once
+    probes = [r for r in keeper.requests if r["op"] == "probe"]
+    assert len(probes) == relay.LATE_ROUNDS and {r["id"] for r in probes} == {sent["id"]}
     assert renewed == []  # the keeper the other commands share was left alone
+
+
+def test_a_late_answer_on_a_live_link_is_waited_for(tmp_path: Path) -> None:
+    """A host slow to start the command (swapping, a stalled Wi-Fi that recovers): the keeper
+    says the exec went out and the link answers, so the command waits on for its answer on the
+    same connection and runs, once, instead of failing with a false alarm."""
+    keeper = SlowKeeper(str(tmp_path / "k"), answer_after=2)
+    chan = relay.RelayChannel(relay.RelayTransport(str(tmp_path / "k"), 0.3, lambda: ""))
+    chan.exec_command("python train.py")
+    assert chan.recv_exit_status() == 0 and len(keeper.execs()) == 1
+    keeper.close()
 
 
 def test_a_request_that_never_went_out_is_retried(tmp_path: Path,
                                                   slow: tuple[SlowKeeper, str]) -> None:
     keeper, live = slow
-    transport = relay.RelayTransport(str(tmp_path / "gone"), 0.5, lambda: live)
+    transport = relay.RelayTransport(str(tmp_path / "gone"), 0.3, lambda: live)
     # no keeper at the first path (it ended): the request goes to the renewed one, once
     with pytest.raises(paramiko.SSHException, match="may have started on the host"):
         transport.open({"op": "exec", "command": "echo once", "env": {}})
-    assert [r.get("command") for r in keeper.requests] == ["echo once", None]
+    assert [r["command"] for r in keeper.execs()] == ["echo once"]
+
+
+@pytest.mark.parametrize(("keeper_does", "kw"), [
+    ("ends with the command in flight", {"hang_up": True, "link": None}),
+    ("answers as a keeper too old to say", {"reply": {"ok": False, "lost": True,
+                                                      "error": "EOF"}}),
+    ("says its exec went out before the link failed",
+     {"reply": {"ok": False, "lost": True, "issued": True, "error": "EOF"}}),
+])
+def test_a_keeper_that_cannot_say_it_did_not_send_it_is_not_sent_again(
+        tmp_path: Path, keeper_does: str, kw: dict[str, Any]) -> None:
+    keeper = SlowKeeper(str(tmp_path / "k"), **kw)
+    renewed: list[int] = []
+    transport = relay.RelayTransport(str(tmp_path / "k"), 0.3,
+                                     lambda: renewed.append(1) or str(tmp_path / "k"))
+    with pytest.raises(paramiko.SSHException, match="may have started on the host"):
+        transport.open({"op": "exec", "command": "python train.py", "env": {}})
+    assert len(keeper.execs()) == 1 and renewed == [], keeper_does
+    keeper.close()
+
+
+def test_a_keeper_that_ended_before_sending_it_has_it_sent_afresh(tmp_path: Path) -> None:
+    dead = SlowKeeper(str(tmp_path / "dead"), reply={"ok": False, "lost": True, "issued": False,
+                                                     "error": "the kept connection ended"})
+    fresh = SlowKeeper(str(tmp_path / "fresh"), answer_after=1)
+    chan = relay.RelayChannel(relay.RelayTransport(str(tmp_path / "dead"), 0.3,
+                                                   lambda: str(tmp_path / "fresh")))
+    chan.exec_command("python train.py")
+    assert chan.recv_exit_status() == 0
+    assert len(dead.execs()) == 1 and len(fresh.execs()) == 1
+    dead.close()
+    fresh.close()
+
+
+def test_ctrl_c_while_waiting_sends_nothing_more(tmp_path: Path) -> None:
+    """close() (the executor's Ctrl-C) during the wait ends it at once: nothing is sent again
+    and the request is withdrawn (a probe that does not wait for the link)."""
+    keeper = SlowKeeper(str(tmp_path / "k"), issued=False)
+    renewed: list[int] = []
+    transport = relay.RelayTransport(str(tmp_path / "k"), 5, lambda: renewed.append(1) or "")
+    threading.Timer(0.5, transport.close).start()
+    started = time.monotonic()
+    with pytest.raises(paramiko.SSHException, match="the connection is closed"):
+        transport.open({"op": "exec", "command": "python train.py", "env": {}})
+    assert time.monotonic() - started < 4 and renewed == []
+    [sent] = keeper.execs()
+    [withdrawal] = [r for r in keeper.requests if r["op"] == "probe"]
+    assert withdrawal["id"] == sent["id"] and withdrawal["wait"] == 0
+    keeper.close()
 
 
 @pytest.mark.parametrize(("issued", "reads_only", "runs_again"), [
@@ -102,23 +186,26 @@ def test_a_command_in_flight_on_a_dead_link(tmp_path: Path, issued: bool | None,
     keeper depends on whether its exec had left the keeper (the host may have it) and whether
     the command only reads."""
     dead = SlowKeeper(str(tmp_path / "dead"), link=False, issued=issued)
-    fresh = SlowKeeper(str(tmp_path / "fresh"), link=True, issued=True)
+    fresh = SlowKeeper(str(tmp_path / "fresh"), answer_after=1)
     renewed: list[int] = []
 
     def renew() -> str:
         renewed.append(1)
         return str(tmp_path / "fresh")
 
-    transport = relay.RelayTransport(str(tmp_path / "dead"), 0.5, renew)
-    with pytest.raises(paramiko.SSHException, match="may have started on the host"):
+    transport = relay.RelayTransport(str(tmp_path / "dead"), 0.3, renew)
+    with contextlib.ExitStack() as stack:
+        if not runs_again:
+            stack.enter_context(pytest.raises(paramiko.SSHException,
+                                              match="may have started on the host"))
         with relay.repeatable() if reads_only else contextlib.nullcontext():
             transport.open({"op": "exec", "command": "python train.py", "env": {}})
     assert [r["op"] for r in dead.requests] == ["exec", "probe"]
     asked = dead.requests[1]
     assert asked["id"] == dead.requests[0]["id"]  # about this very request
     if runs_again:
-        assert [r["op"] for r in fresh.requests] == ["exec", "probe"]  # sent again there, once
-        assert fresh.requests[0]["id"] != asked["id"] and renewed == [1]
+        [again] = fresh.execs()  # sent again there, once, and answered
+        assert again["id"] != asked["id"] and renewed == [1]
     else:
         assert fresh.requests == [] and renewed == []  # never sent twice
     dead.close()
