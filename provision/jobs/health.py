@@ -70,6 +70,9 @@ class Snapshot:
     xid: tuple[dict[str, Any], ...]  # our GPUs' events, each with "gpu" (nvidia-smi's index)
     dmesg: bool  # the kernel log was readable
     others: int = 0  # Xid lines of GPUs that are not ours
+    # every Xid event read, scoped or not: a GPU that fell off the bus is no longer in this
+    # snapshot's nvidia-smi rows, and its events are found by the job's start (new_xid)
+    events: tuple[dict[str, Any], ...] = ()
 
     def when(self, event: dict[str, Any]) -> str:
         """When an event was logged: from dmesg's seconds since boot and this snapshot's clocks,
@@ -120,15 +123,21 @@ def parse_snapshot(text: str | None) -> Snapshot | None:
                                             if k.startswith("clocks_event_reasons_counters.")
                                             and (v := _num(r[k])) is not None)))
     rules = xid_rules()
-    mine, others = rules.scoped(rules.parse(_text(doc.get("xid"))), {g.bus: g.index for g in gpus})
+    events = rules.parse(_text(doc.get("xid")))
+    mine, others = rules.scoped(events, {g.bus: g.index for g in gpus})
     return Snapshot(t=float(doc.get("t") or 0), uptime=_num(doc.get("uptime")) or 0.0, gpus=tuple(gpus),
-                    xid=tuple(mine), dmesg=bool(doc.get("dmesg")), others=others)
+                    xid=tuple(mine), dmesg=bool(doc.get("dmesg")), others=others,
+                    events=tuple(events))
 
 
 def new_xid(start: Snapshot, end: Snapshot) -> list[dict[str, Any]]:
-    """The Xid events in ``end`` that ``start`` did not have (the same line is the same event)."""
+    """The Xid events of the job's GPUs in ``end`` that ``start`` did not have (the same line is
+    the same event). The job's GPUs are those of either snapshot: one that fell off the bus
+    (Xid 79) is missing from the end's nvidia-smi rows, and its events are the ones that matter."""
     seen = {e["line"] for e in start.xid}
-    return [e for e in end.xid if e["line"] not in seen]
+    buses = {g.bus: g.index for g in (*start.gpus, *end.gpus)}
+    mine, _ = xid_rules().scoped(list(end.events) if end.events else list(end.xid), buses)
+    return [e for e in mine if e["line"] not in seen]
 
 
 def diff(start: Snapshot | None, end: Snapshot | None) -> list[str]:
@@ -167,8 +176,9 @@ def diff(start: Snapshot | None, end: Snapshot | None) -> list[str]:
                        + (" (below its default: the host lowered it)" if g.power_default
                           and g.power_limit < g.power_default else ""))
     gone = sorted(set(before) - {g.index for g in end.gpus}, key=str)
-    if end.gpus and gone:
-        out.append(f"GPU {', '.join(gone)}: no longer answers nvidia-smi")
+    if gone:  # (all of them, too: nvidia-smi fails whole when one GPU is off the bus)
+        out.append(f"GPU {', '.join(gone)}: no longer answer{'s' if len(gone) == 1 else ''} "
+                   "nvidia-smi" + ("" if end.gpus else " (nvidia-smi answered for no GPU)"))
     if start.dmesg and not end.dmesg:
         out.append("the kernel log became unreadable: Xid events after that are unknown")
     return out

@@ -13,7 +13,12 @@ siblings (within 10%).
 How: one thread launches rounds of work on every GPU (kernel launches are asynchronous, so the
 GPUs run together), each round about ROUND_MS of one GPU's time, timed by that GPU's own
 events; nvidia-smi is started after a round is launched and read while the next one runs, so
-every sample is taken under load, whatever nvidia-smi's start-up costs.
+every sample is taken under load, whatever nvidia-smi's start-up costs. A round is at most
+MAX_LAUNCHES kernels per GPU (the matrices grow on a fast GPU instead), launched a CHUNK at a
+time on each GPU in turn: a launch blocks the launching thread once a stream holds about a
+thousand pending kernels (CUDA's launch queue; its size is not documented), so 1500 small
+launches on one GPU would keep the others waiting, and a B200 runs an 8192 matmul in half a
+millisecond.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import precision  # noqa: E402
 from gpu_smi import REASONS  # noqa: E402
 
 ROUND_MS = 1000.0
+MAX_LAUNCHES, CHUNK = 200, 25
+SIZES = (8192, 16384, 32768)  # n of the n x n matmuls, grown until a round fits MAX_LAUNCHES
 SAMPLE_FIELDS = "uuid,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu"
 
 
@@ -65,40 +72,76 @@ def _collect(proc: subprocess.Popen[str], fields: list[str], t: float,
 
 
 def _setup(torch: Any, g: dict[str, Any], dtype: Any) -> dict[str, Any]:
-    """The matrices on GPU g and a batch that takes about ROUND_MS there."""
+    """The matrices on GPU g and a batch that takes about ROUND_MS there, in at most
+    MAX_LAUNCHES kernels where the GPU's memory allows matrices that large (3 n x n, a tenth of
+    the free memory at most)."""
     with torch.cuda.device(g["index"]):
-        n = 8192
-        a = torch.randn(n, n, device="cuda", dtype=dtype)
-        b = torch.randn(n, n, device="cuda", dtype=dtype)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a @ b
-        start.record()
-        for _ in range(3):
+        free = _free_bytes(torch)
+        a = b = None
+        per = 1.0
+        for n in SIZES:
+            a = torch.randn(n, n, device="cuda", dtype=dtype)
+            b = torch.randn(n, n, device="cuda", dtype=dtype)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a @ b
-        end.record()
-        end.synchronize()
-        per = max(start.elapsed_time(end) / 3, 1e-3)
-    return {"g": g, "a": a, "b": b, "flop": 2 * n ** 3, "batch": max(1, int(ROUND_MS / per)),
+            start.record()
+            for _ in range(3):
+                a @ b
+            end.record()
+            end.synchronize()
+            per = max(start.elapsed_time(end) / 3, 1e-3)
+            bigger = n * 2
+            if (ROUND_MS / per <= MAX_LAUNCHES or n == SIZES[-1]
+                    or 3 * bigger * bigger * getattr(a.dtype, "itemsize", 2) > free / 10):
+                break
+            a = b = None  # the smaller matrices freed before the larger ones
+    return {"g": g, "a": a, "b": b, "flop": 2 * n ** 3, "n": n,
+            "batch": max(1, min(int(ROUND_MS / per), MAX_LAUNCHES * 4)),
             "tflops": [], "ms": 0.0, "error": None, "events": None}
 
 
-def _launch(torch: Any, w: dict[str, Any]) -> None:
+def _free_bytes(torch: Any) -> float:
+    try:
+        return float(torch.cuda.mem_get_info()[0])
+    except Exception:  # noqa: BLE001 - an older torch: the smallest size only
+        return 0.0
+
+
+def _launch(torch: Any, live: list[dict[str, Any]]) -> None:
+    """One round on every GPU: CHUNK kernels on each in turn until each has its batch, so that
+    no GPU's queue holds the thread while the others wait for their work."""
+    left = {id(w): w["batch"] for w in live}
+    for w in live:
+        _on(torch, w, lambda w: w.__setitem__("events", (_record(torch), None)))
+    while any(n > 0 for n in left.values()):
+        for w in live:
+            n = min(CHUNK, left[id(w)])
+            if n > 0:
+                left[id(w)] -= n
+                _on(torch, w, lambda w, n=n: [w["a"] @ w["b"] for _ in range(n)])
+    for w in live:
+        _on(torch, w, lambda w: w.__setitem__("events", (w["events"][0], _record(torch))))
+
+
+def _record(torch: Any) -> Any:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _on(torch: Any, w: dict[str, Any], what: Any) -> None:
+    """``what(w)`` on GPU w's device, unless it failed: then it stops, and the others go on."""
     if w["error"]:
         return
     try:
         with torch.cuda.device(w["g"]["index"]):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(w["batch"]):
-                w["a"] @ w["b"]
-            end.record()
-            w["events"] = (start, end)
+            what(w)
     except Exception as exc:  # noqa: BLE001 - this GPU stops; the others go on
         w["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _finish(torch: Any, w: dict[str, Any]) -> None:
-    if w["error"] or not w["events"]:
+    if w["error"] or not w["events"] or w["events"][1] is None:
         return
     try:
         with torch.cuda.device(w["g"]["index"]):
@@ -114,7 +157,8 @@ def _finish(torch: Any, w: dict[str, Any]) -> None:
 
 def measure(torch: Any, gpus: list[dict[str, Any]], seconds: float, prefix: str | None) -> dict[str, Any]:
     """{"seconds", "dtype", "wall_s", "gpus": [{"index", "uuid", "name", "tflops": [per round],
-    "seconds", "samples": [{"t", "clocks.sm", ..., "reasons"}], "error"}]}"""
+    "seconds", "n" (of the n x n matmuls), "launches_per_round", "samples": [{"t", "clocks.sm",
+    ..., "reasons"}], "error"}]}"""
     major = min((int(str(g["capability"]).split(".")[0]) for g in gpus), default=0)
     name, dtype = ("bf16", torch.bfloat16) if major >= 8 else ("fp16", torch.float16)
     out: dict[str, Any] = {"seconds": seconds, "dtype": name, "gpus": [], "wall_s": None}
@@ -137,8 +181,7 @@ def measure(torch: Any, gpus: list[dict[str, Any]], seconds: float, prefix: str 
             live = [w for w in work if not w["error"]]
             if not live or all(w["ms"] >= seconds * 1000 for w in live):
                 break
-            for w in live:
-                _launch(torch, w)
+            _launch(torch, live)
             done = sum(w["ms"] for w in live) / len(live) / 1000  # seconds of load so far
             if proc is not None and _collect(proc, fields, asked_at, samples, ROUND_MS / 1000):
                 proc = None
@@ -157,5 +200,6 @@ def measure(torch: Any, gpus: list[dict[str, Any]], seconds: float, prefix: str 
         key = g.get("parent_uuid") or g.get("uuid")
         out["gpus"].append({"index": g["index"], "uuid": g.get("uuid"), "name": g.get("name"),
                             "tflops": w["tflops"], "seconds": round(w["ms"] / 1000, 1),
+                            "n": w.get("n"), "launches_per_round": w.get("batch"),
                             "samples": samples.get(str(key), []), "error": w["error"]})
     return out

@@ -38,6 +38,21 @@ def _host_with_log(tmp: Path, name: str, log: str) -> Path:
     return folder
 
 
+def test_a_gpu_that_fell_off_the_bus_is_in_its_health(tmp_path: Path) -> None:
+    """At the job's end the GPU is off the bus: nvidia-smi fails whole ("GPU is lost", as
+    captured in marian-nmt#251, at this host's address), so the end lists no GPU; its Xid 79 is
+    still the job's GPU's (by the start's address), and the GPU is said to be gone."""
+    lines = AKASH.read_text().split("root@node1:~# dmesg -T | grep NVRM\n")[1].splitlines()
+    before = _host_with_log(tmp_path, "before", lines[0] + "\n")
+    after = _host_with_log(tmp_path, "after", "\n".join(lines) + "\n")
+    lost = (FIXTURES / "nvidia-smi" / "fail-gpu-lost.txt").read_text()
+    (after / "lost.txt").write_text(lost.replace("0000:03:00.0", "0000:A1:00.0"))
+    s, e = parse_snapshot(snapshot(before, tmp_path)), parse_snapshot(snapshot(after, tmp_path))
+    assert s is not None and e is not None and e.gpus == () and e.dmesg
+    assert diff(s, e) == ["GPU 0: 1 new Xid 79 (fell off the bus; hardware) at 21:29",
+                          "GPU 0: no longer answers nvidia-smi (nvidia-smi answered for no GPU)"]
+
+
 def test_an_xid_79_during_the_job_is_in_its_health(tmp_path: Path) -> None:
     """Before the job the captured kernel log (akash-network/support#209) holds only the driver's
     load line; after it, the Xid 79 of this host's GPU (PCI 0000:a1:00)."""

@@ -228,6 +228,28 @@ def test_the_sustained_load_names_the_card_that_brakes_when_all_draw_together(tm
     assert out["verdict"] == "WARN"
 
 
+def test_the_sustained_load_keeps_every_fast_gpu_busy_together(tmp_path: Path) -> None:
+    """Eight B200-fast GPUs (an 8192 matmul in half a millisecond): a round of the 8192 size
+    would be about 2000 launches on one GPU, past CUDA's launch queue, so the launching thread
+    would wait on each GPU in turn; the matrices grow instead, each round stays within
+    MAX_LAUNCHES kernels per GPU, and all eight are loaded for the whole time."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sustained", Path(__file__).resolve().parents[2] / "templates/gpu/sustained.py")
+    assert spec is not None and spec.loader is not None
+    sustained = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sustained)
+    host = _host(tmp_path, "8xh100-one-throttled", device={
+        "tflops": {"fp16": 2250.0, "bf16": 2250.0, "tf32": 1100.0, "fp32": 75.0},
+        "throttle": None})
+    out, checks = _run(tmp_path, host, _config(8, sustained_s=5))
+    s = out["measurements"]["sustained"]
+    assert len(s["gpus"]) == 8
+    for g in s["gpus"]:
+        assert g["error"] is None and g["seconds"] >= 5
+        assert g["n"] > 8192 and g["launches_per_round"] <= sustained.MAX_LAUNCHES, g
+    assert checks["sustained load"]["status"] == "pass"
+
+
 def test_validate_sustained_takes_seconds_or_the_default(cpu_host: Any) -> None:
     from dataclasses import replace
 

@@ -16,7 +16,9 @@ JSON, named by $FAKE_CUDA_HOST:
                 "throttle": {"after_s": GPU seconds of load with EVERY device busy, "factor":
                              the rate it then runs at, e.g. 0.7}}],
    (every device is busy when, between two event records on a device, work was queued on all
-   the others: what a loop that launches on each GPU in turn does, and one GPU at a time never)
+   the others: what a loop that launches on each GPU in turn does, and one GPU at a time never;
+   records with nothing queued anywhere between them, as a round's start events recorded on
+   every GPU in turn, leave it as it was)
    "arch_list": [...], "nccl": bool, "version": "2.5.1+cu124", "cuda": "12.4"}
 With $FAKE_CUDA_STATE set, each device's state is written there for the stand-in nvidia-smi
 (tests/fakecuda/bin/nvidia-smi): STATE/<uuid>.json = {"at": wall time of the last work queued,
@@ -372,7 +374,8 @@ class _Event:
         if host.broken[cur]:
             raise RuntimeError(host.broken[cur])
         others = set(range(len(host.devices))) - {cur}
-        host.together[cur] = bool(others) and others <= host.since[cur]
+        if host.since[cur]:  # two records with nothing queued anywhere between: as it was
+            host.together[cur] = bool(others) and others <= host.since[cur]
         host.since[cur] = set()
         self.dev, self.at = cur, host.clock[cur]
 
