@@ -373,6 +373,10 @@ def apt_get(args: list[str], st: dict) -> int:
         if missing:
             err(*(f"E: Unable to locate package {s}" for s in missing))
             return 100
+        if "-s" in args or "--simulate" in args:  # what it would do; nothing changes
+            for s in pkgs:
+                print(f"Inst {apt_name(s)} ({cat[apt_name(s)].version})")
+            return 0
         if verb in ("remove", "purge"):
             for s in pkgs:
                 installed(st).pop(apt_name(s), None)

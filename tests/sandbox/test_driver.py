@@ -99,7 +99,7 @@ def test_secure_boot_without_signed_modules_is_refused_before_installing(  # typ
         r = gpu_provision("-H", info.inventory, "driver", home=gp_home, cwd=tmp_path)
         assert r.returncode != 0
         said = " ".join(r.stdout.split() + r.stderr.split())
-        assert (f"Secure Boot is enabled and Ubuntu's archive has no signed prebuilt module package "
+        assert (f"Secure Boot is enabled and Ubuntu's signed prebuilt module package "
                 f"linux-modules-nvidia-550-server-{KERNEL}") in said
         assert "exit code 3" in said and "rebooting" not in said
         assert changes(info, ("apt-get", "reboot", "modprobe")) == [

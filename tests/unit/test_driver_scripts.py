@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -145,7 +146,7 @@ def policy(candidates: dict[str, str]) -> str:
 
 BLACKLIST = "blacklist nouveau\noptions nouveau modeset=0\n"
 APT = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
-TAIL_LOADED = [["update-initramfs", "-u"], ["modprobe", "nvidia"], ["nvidia-smi"]]
+TAIL_LOADED = [["update-initramfs", "-u", "-k", "all"], ["modprobe", "nvidia"], ["nvidia-smi"]]
 FOCAL_550 = "550.163.01-0ubuntu0.20.04.1"
 
 
@@ -188,12 +189,81 @@ def test_ubuntu_prefers_canonicals_signed_prebuilt_modules(tmp_path: Path) -> No
         "linux-modules-nvidia-580-server-open-generic": "6.8.0-45.45+1"})}))
     r = host.run(step_for(UBUNTU24, HOPPER))
     assert r.returncode == 0, r.stderr
-    assert installs(host) == [
-        [*APT, "update", "-q"],
-        [*APT, "install", "-y", "-q", f"linux-modules-nvidia-580-server-open-{kernel}",
-         "linux-modules-nvidia-580-server-open-generic", "nvidia-headless-no-dkms-580-server-open",
-         "nvidia-utils-580-server"]]
+    chosen = [f"linux-modules-nvidia-580-server-open-{kernel}",
+              "linux-modules-nvidia-580-server-open-generic",
+              "nvidia-headless-no-dkms-580-server-open", "nvidia-utils-580-server"]
+    assert installs(host) == [[*APT, "update", "-q"], [*APT, "install", "-s", "-q", *chosen],
+                              [*APT, "install", "-y", "-q", *chosen]]
     assert not [c for c in host.calls() if any("dkms" in a and "no-dkms" not in a for a in c)]
+
+
+def archive(candidates: dict[str, str], depends: dict[str, str],
+            versions: dict[str, list[str]]) -> str:
+    """An apt-cache stub for an archive: `policy NAME` as policy() answers it, `show NAME` with
+    the package's Depends line, `madison NAME` listing each version the archive has."""
+    shows = "".join(f'  {name}) printf "Package: %s\\nDepends: %s\\n" "$2" {shlex.quote(dep)};;\n'
+                    for name, dep in depends.items())
+    lists = "".join(f'  {name}) printf "%s\\n" {" ".join(shlex.quote(f"{name} | {v} | http://archive.ubuntu.com/ubuntu noble-updates/restricted amd64 Packages") for v in vs)};;\n'
+                    for name, vs in versions.items())
+    return (f'case "$1" in\n show) case "$2" in\n{shows} esac; exit 0;;\n'
+            f' madison) case "$2" in\n{lists} esac; exit 0;;\nesac\n'
+            + policy(candidates))
+
+
+# noble's archive as packages.ubuntu.com shows it: the per-kernel modules of an older kernel ABI
+# still depend on the point release they were built with, the flavour's metapackage on the newest
+NEWEST, OLDER = "580.95.05", "580.82.07"
+SKEW_KERNEL = "6.8.0-45-generic"
+
+
+def skewed(versions: list[str]) -> dict[str, str]:
+    modules = f"linux-modules-nvidia-580-server-open-{SKEW_KERNEL}"
+    meta = "linux-modules-nvidia-580-server-open-generic"
+    return {"apt-cache": archive(
+        {modules: "6.8.0-45.45+1", meta: "6.8.0-60.63+1",
+         f"linux-headers-{SKEW_KERNEL}": "6.8.0-45.45", "linux-headers-generic": "6.8.0-60.60"},
+        {modules: f"nvidia-kernel-common-580-server ({OLDER}), linux-image-{SKEW_KERNEL}",
+         meta: f"linux-modules-nvidia-580-server-open-6.8.0-60-generic, "
+               f"nvidia-kernel-common-580-server (>= {NEWEST})"},
+        {"nvidia-headless-no-dkms-580-server-open": [f"{v}-0ubuntu0.24.04.1" for v in versions],
+         "nvidia-utils-580-server": [f"{v}-0ubuntu0.24.04.1" for v in versions]})}
+
+
+def test_ubuntu_on_an_older_kernel_takes_the_driver_its_modules_were_built_for(
+        tmp_path: Path) -> None:
+    """A VM not rebooted since the last kernel update: its kernel's modules were built with an
+    older point release than the newest userspace (whose exact dependencies would make apt exit
+    100). The userspace of that release is installed beside them, and the flavour's metapackage,
+    which asks for the newest, is left out, saying so."""
+    host = Host(tmp_path, stubs("ubuntu", kernel=SKEW_KERNEL, **skewed([NEWEST, OLDER])))
+    r = host.run(step_for(UBUNTU24, HOPPER))
+    assert r.returncode == 0, r.stderr
+    chosen = [f"linux-modules-nvidia-580-server-open-{SKEW_KERNEL}",
+              f"nvidia-headless-no-dkms-580-server-open={OLDER}-0ubuntu0.24.04.1",
+              f"nvidia-utils-580-server={OLDER}-0ubuntu0.24.04.1"]
+    assert installs(host) == [[*APT, "update", "-q"], [*APT, "install", "-s", "-q", *chosen],
+                              [*APT, "install", "-y", "-q", *chosen]]
+    assert (f"kernel {SKEW_KERNEL} is not the newest: linux-modules-nvidia-580-server-open-generic "
+            f"asks for driver {NEWEST}, its modules for {OLDER}") in r.stdout
+
+
+@pytest.mark.parametrize("secure_boot", [False, True])
+def test_ubuntu_modules_whose_driver_left_the_archive_build_or_refuse(
+        tmp_path: Path, secure_boot: bool) -> None:
+    """The archive no longer has the point release the kernel's modules were built for: without
+    Secure Boot DKMS builds the newest for this kernel; with it, nothing is installed, and the
+    refusal says why and what to do."""
+    host = Host(tmp_path, stubs("ubuntu", kernel=SKEW_KERNEL, **skewed([NEWEST])))
+    r = host.run(step_for(replace(UBUNTU24, secure_boot=secure_boot), HOPPER))
+    why = f"its modules were built for driver {OLDER}, which the archive no longer has"
+    if secure_boot:
+        assert r.returncode == 3 and installs(host) == [[*APT, "update", "-q"]]
+        assert why in r.stderr and "apt-get install linux-generic, reboot into it" in r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    assert why in r.stdout and installs(host)[1:] == [
+        [*APT, "install", "-y", "-q", f"linux-headers-{SKEW_KERNEL}", "linux-headers-generic"],
+        [*APT, "install", "-y", "-q", "nvidia-driver-580-server-open"]]
 
 
 def test_ubuntu_secure_boot_without_prebuilt_modules_is_refused_before_installing(
@@ -206,8 +276,9 @@ def test_ubuntu_secure_boot_without_prebuilt_modules_is_refused_before_installin
     r = host.run(step_for(f, AMPERE))
     assert r.returncode == 3
     assert installs(host) == [[*APT, "update", "-q"]]
-    assert (f"Secure Boot is enabled and Ubuntu's archive has no signed prebuilt module package "
-            f"linux-modules-nvidia-550-server-{UBUNTU_KERNEL}") in r.stderr
+    assert (f"Secure Boot is enabled and Ubuntu's signed prebuilt module package "
+            f"linux-modules-nvidia-550-server-{UBUNTU_KERNEL} cannot be used for the running "
+            f"kernel {UBUNTU_KERNEL} (the archive has none for the running kernel)") in r.stderr
     assert not host.result.exists()
 
 
@@ -298,6 +369,50 @@ def test_debian_enables_the_archive_areas_the_driver_is_in(tmp_path: Path) -> No
     # a second run finds them there and leaves the file as it is
     host.run(step_for(DEBIAN, AMPERE))
     assert (host.root / "etc/apt/sources.list.d/debian.sources").read_text() == sources
+
+
+def test_debian_builds_the_driver_for_the_kernel_that_boots_next_too(tmp_path: Path) -> None:
+    """unattended-upgrades installed a newer kernel that is not booted yet (the usual state of a
+    fresh Debian GPU VM): its headers go beside the running kernel's, with the flavour's
+    metapackage, so DKMS builds the driver for the kernel the reboot comes up in; without them
+    the refusal says to reboot into it first, before anything is installed."""
+    newer = "6.1.0-41-cloud-amd64"
+    images = (f'printf "linux-image-{DEBIAN_KERNEL} ii \\nlinux-image-{newer} ii \\n'
+              f'linux-image-6.1.0-9-cloud-amd64 rc \\n"')
+    sources = 'grep -q "non-free" "$ROOT/etc/apt/sources.list.d/debian.sources"'
+    for has_headers in (True, False):
+        cache = (f'[ "$1" = policy ] || exit 0\ncase "$2" in\n'
+                 f'  nvidia-driver) {sources} && printf "  Candidate: 535.261.03-1\\n";;\n'
+                 f'  linux-headers-{DEBIAN_KERNEL}|linux-headers-cloud-amd64) printf "  Candidate: 6.1.158-1\\n";;\n'
+                 + (f'  linux-headers-{newer}) printf "  Candidate: 6.1.158-1\\n";;\n' if has_headers else "")
+                 + '  *) echo "N: Unable to locate package $2" >&2;;\nesac\nexit 0')
+        host = debian_host(tmp_path / str(has_headers), **{"apt-cache": cache, "dpkg-query": images})
+        r = host.run(step_for(DEBIAN, AMPERE))
+        if not has_headers:
+            assert r.returncode == 3 and f"kernel {newer} is installed and boots next" in r.stderr
+            assert [c for c in installs(host) if "install" in c] == []
+            continue
+        assert r.returncode == 0, r.stderr
+        assert [*APT, "install", "-y", "-q", f"linux-headers-{DEBIAN_KERNEL}",
+                f"linux-headers-{newer}", "linux-headers-cloud-amd64"] in installs(host)
+        assert ["update-initramfs", "-u", "-k", "all"] in host.calls()
+
+
+def test_el_builds_the_driver_for_grubbys_default_kernel_too(tmp_path: Path) -> None:
+    """A `dnf update` left a newer kernel as the default boot entry: its devel package is
+    installed with the running kernel's, and DKMS builds the driver for it after the install
+    (NVIDIA's package builds for the running kernel only)."""
+    newer = "5.14.0-570.el9.x86_64"
+    host = Host(tmp_path, stubs("el9", kernel=EL9_KERNEL, grubby=f"echo /boot/vmlinuz-{newer}",
+                                dkms=""))
+    r = host.run(step_for(ROCKY9, HOPPER))
+    assert r.returncode == 0, r.stderr
+    assert ["dnf", "install", "-y", f"kernel-devel-{EL9_KERNEL}", f"kernel-devel-{newer}",
+            "kernel-headers", "dkms"] in installs(host)
+    calls = host.calls()
+    assert calls.index(["dkms", "autoinstall", "-k", newer]) > max(
+        i for i, c in enumerate(calls) if c[:3] == ["dnf", "install", "-y"])
+    assert ["dracut", "--regenerate-all", "-f"] in calls
 
 
 def test_debian_kepler_takes_the_tesla_470_driver(tmp_path: Path) -> None:
@@ -490,7 +605,7 @@ def test_apts_lists_lock_is_waited_for_naming_its_holder(tmp_path: Path) -> None
         holder.kill()
         holder.wait()
     assert r.stdout.count(f"waiting for {lock}, held by process {holder.pid} ({sys.executable} -c") == 1
-    calls = [c[0] for c in host.calls("uname", "cloud-init")]
+    calls = [c[0] for c in host.calls("uname", "cloud-init", "dpkg-query")]  # (reads)
     assert calls[:calls.index("apt-get")] == ["sleep", "sleep"]
 
 
