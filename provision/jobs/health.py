@@ -73,6 +73,8 @@ class Snapshot:
     # every Xid event read, scoped or not: a GPU that fell off the bus is no longer in this
     # snapshot's nvidia-smi rows, and its events are found by the job's start (new_xid)
     events: tuple[dict[str, Any], ...] = ()
+    smi_rc: int | None = None  # nvidia-smi's exit status (None: an older snapshot's)
+    lost: tuple[str, ...] = ()  # the PCI addresses nvidia-smi said it lost ("device handle")
 
     def when(self, event: dict[str, Any]) -> str:
         """When an event was logged: from dmesg's seconds since boot and this snapshot's clocks,
@@ -127,14 +129,17 @@ def parse_snapshot(text: str | None) -> Snapshot | None:
     mine, others = rules.scoped(events, {g.bus: g.index for g in gpus})
     return Snapshot(t=float(doc.get("t") or 0), uptime=_num(doc.get("uptime")) or 0.0, gpus=tuple(gpus),
                     xid=tuple(mine), dmesg=bool(doc.get("dmesg")), others=others,
-                    events=tuple(events))
+                    events=tuple(events),
+                    smi_rc=doc["smi_rc"] if isinstance(doc.get("smi_rc"), int) else None,
+                    lost=tuple(k for m in LOST.finditer(_text(doc.get("gpus")))
+                               if (k := _pci(m.group(1)))))
 
 
 def new_xid(start: Snapshot, end: Snapshot) -> list[dict[str, Any]]:
     """The Xid events of the job's GPUs in ``end`` that ``start`` did not have (the same line is
     the same event). The job's GPUs are those of either snapshot: one that fell off the bus
     (Xid 79) is missing from the end's nvidia-smi rows, and its events are the ones that matter."""
-    seen = {e["line"] for e in start.xid}
+    seen = {e["line"] for e in (start.events or start.xid)}  # whoever's: they were there
     buses = {g.bus: g.index for g in (*start.gpus, *end.gpus)}
     mine, _ = xid_rules().scoped(list(end.events) if end.events else list(end.xid), buses)
     return [e for e in mine if e["line"] not in seen]
@@ -175,13 +180,52 @@ def diff(start: Snapshot | None, end: Snapshot | None) -> list[str]:
             out.append(f"GPU {g.index}: power limit {b.power_limit:g} -> {g.power_limit:g} W during the job"
                        + (" (below its default: the host lowered it)" if g.power_default
                           and g.power_limit < g.power_default else ""))
-    gone = sorted(set(before) - {g.index for g in end.gpus}, key=str)
-    if gone:  # (all of them, too: nvidia-smi fails whole when one GPU is off the bus)
-        out.append(f"GPU {', '.join(gone)}: no longer answer{'s' if len(gone) == 1 else ''} "
-                   "nvidia-smi" + ("" if end.gpus else " (nvidia-smi answered for no GPU)"))
+    out += _gone(start, end, {str(e.get("gpu")) for e in new_xid(start, end)
+                              if int(e["code"]) == 79})
     if start.dmesg and not end.dmesg:
         out.append("the kernel log became unreadable: Xid events after that are unknown")
     return out
+
+
+# "Unable to determine the device handle for GPU 0000:03:00.0: GPU is lost" (and the form
+# without a space, "GPU0000:..."; tests/fixtures/nvidia-smi/fail-*device-handle*, fail-gpu-lost)
+LOST = re.compile(r"device handle for GPU ?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])")
+
+
+# what an end snapshot without rows says, by nvidia-smi's exit status (nvidia-smi(1), RETURN
+# VALUE: 15 GPU is lost, 9 the driver is not loaded, 17 the operating system blocked it)
+NO_ANSWER = {124: "nvidia-smi did not answer within 10 s", 9: "nvidia-smi found no driver loaded",
+             17: "nvidia-smi was refused access to the GPUs (a container that lost its devices: "
+                 "restart it)"}
+
+
+def _gone(start: Snapshot, end: Snapshot, fell: set[str]) -> list[str]:
+    """The job's GPUs missing from the end, by PCI address. Gone where the end tells: a GPU
+    lost (nvidia-smi exit 15), an Xid 79, or nvidia-smi answering for the others; when it
+    answered for none for another reason, the GPUs' state at the end is unknown, said so."""
+    there = {g.bus for g in end.gpus}
+    missing = [g for g in start.gpus if g.bus not in there]
+    if not missing:
+        return []
+    names = ", ".join(g.index for g in missing)
+    if end.gpus or end.smi_rc is None:
+        return [f"GPU {names}: no longer answer{'s' if len(missing) == 1 else ''} nvidia-smi"]
+    # no rows at all: the GPUs nvidia-smi named lost, or with an Xid 79, are gone; of the
+    # others nothing is known (nvidia-smi fails whole when one GPU is off the bus)
+    lost = [g for g in missing if g.index in fell or (_pci(g.bus) or "?") in end.lost]
+    out = [f"GPU {', '.join(g.index for g in lost)}: no longer answer"
+           f"{'s' if len(lost) == 1 else ''} nvidia-smi (lost: off the bus)"] if lost else []
+    rest = [g for g in missing if g not in lost]
+    if rest:
+        why = ("nvidia-smi failed whole (exit 15: a GPU is lost)" if end.smi_rc == 15 else
+               NO_ANSWER.get(end.smi_rc or 0, f"nvidia-smi failed (exit {end.smi_rc})"))
+        out.append(f"GPU {', '.join(g.index for g in rest)}: state at the end unknown: {why}")
+    return out
+
+
+def _pci(address: str) -> str | None:
+    key = xid_rules().pci_key(address)
+    return str(key) if key else None
 
 
 def job_health(raw: tuple[str, str], now: str = "") -> list[str]:

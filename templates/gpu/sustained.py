@@ -14,7 +14,8 @@ How: one thread launches rounds of work on every GPU (kernel launches are asynch
 GPUs run together), each round about ROUND_MS of one GPU's time, timed by that GPU's own
 events; nvidia-smi is started after a round is launched and read while the next one runs, so
 every sample is taken under load, whatever nvidia-smi's start-up costs. A round is at most
-MAX_LAUNCHES kernels per GPU (the matrices grow on a fast GPU instead), launched a CHUNK at a
+MAX_LAUNCHES kernels per GPU (the matrices grow on a fast GPU instead, the same n for every
+GPU of one model, as they are judged against each other), launched a CHUNK at a
 time on each GPU in turn: a launch blocks the launching thread once a stream holds about a
 thousand pending kernels (CUDA's launch queue; its size is not documented), so 1500 small
 launches on one GPU would keep the others waiting, and a B200 runs an 8192 matmul in half a
@@ -71,15 +72,15 @@ def _collect(proc: subprocess.Popen[str], fields: list[str], t: float,
     return True
 
 
-def _setup(torch: Any, g: dict[str, Any], dtype: Any) -> dict[str, Any]:
+def _setup(torch: Any, g: dict[str, Any], dtype: Any, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
     """The matrices on GPU g and a batch that takes about ROUND_MS there, in at most
     MAX_LAUNCHES kernels where the GPU's memory allows matrices that large (3 n x n, a tenth of
-    the free memory at most)."""
+    the free memory at most); ``sizes``: the n tried, smallest first."""
     with torch.cuda.device(g["index"]):
         free = _free_bytes(torch)
         a = b = None
         per = 1.0
-        for n in SIZES:
+        for n in sizes:
             a = torch.randn(n, n, device="cuda", dtype=dtype)
             b = torch.randn(n, n, device="cuda", dtype=dtype)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -91,13 +92,36 @@ def _setup(torch: Any, g: dict[str, Any], dtype: Any) -> dict[str, Any]:
             end.synchronize()
             per = max(start.elapsed_time(end) / 3, 1e-3)
             bigger = n * 2
-            if (ROUND_MS / per <= MAX_LAUNCHES or n == SIZES[-1]
+            if (ROUND_MS / per <= MAX_LAUNCHES or n == sizes[-1]
                     or 3 * bigger * bigger * getattr(a.dtype, "itemsize", 2) > free / 10):
                 break
             a = b = None  # the smaller matrices freed before the larger ones
-    return {"g": g, "a": a, "b": b, "flop": 2 * n ** 3, "n": n,
-            "batch": max(1, min(int(ROUND_MS / per), MAX_LAUNCHES * 4)),
+    # (a round of a GPU whose memory kept n small is shorter than ROUND_MS, never more kernels)
+    return {"g": g, "a": a, "b": b, "flop": 2 * n ** 3, "n": n, "free": free,
+            "batch": max(1, min(int(ROUND_MS / per), MAX_LAUNCHES)),
             "tflops": [], "ms": 0.0, "error": None, "events": None}
+
+
+def _same_size(torch: Any, work: list[dict[str, Any]], dtype: Any) -> None:
+    """Siblings of one model are judged against each other (the best within 10%), so they run
+    the one n: the median of what each chose (one throttled card does not choose for the
+    others), where its memory allows it."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for w in work:
+        if not w["error"]:
+            by_name.setdefault(str(w["g"].get("name")), []).append(w)
+    for group in by_name.values():
+        ns = sorted(w["n"] for w in group)
+        n = ns[len(ns) // 2]
+        members = {id(w) for w in group}
+        for i, w in enumerate(work):
+            fits = w.get("n", 0) > n or 3 * n * n * 2 <= w.get("free", 0) / 10
+            if id(w) in members and w["n"] != n and fits:
+                w["a"] = w["b"] = None
+                try:
+                    work[i] = _setup(torch, w["g"], dtype, (n,))
+                except Exception as exc:  # noqa: BLE001
+                    w["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _free_bytes(torch: Any) -> float:
@@ -171,6 +195,7 @@ def measure(torch: Any, gpus: list[dict[str, Any]], seconds: float, prefix: str 
         except Exception as exc:  # noqa: BLE001
             work.append({"g": g, "tflops": [], "ms": 0.0, "error": f"{type(exc).__name__}: {str(exc)[:300]}",
                          "events": None})
+    _same_size(torch, work, dtype)
     fields, samples = _sampler(prefix), {}  # type: list[str], dict[str, list[dict[str, Any]]]
     t0 = time.perf_counter()
     wall_bound = t0 + seconds * 1.5 + 30

@@ -232,8 +232,9 @@ def test_a_volume_that_cannot_keep_the_copy_is_found_at_install_or_holds_the_sto
         host: harness.HostInfo, api: PlatformApi, gp_home: Path, tmp_path: Path) -> None:
     """The kept volume is judged at install and again at the stop by what would lose the copy:
     mounted read-only (refused at install, nothing written), a save larger than its free space
-    (said at install), another volume at its mount point, which lacks the mark the install left
-    (the stop is held), and a link on it leading back to the machine's own disk (held)."""
+    (said at install), a link on it leading back to the machine's own disk (the stop is held),
+    a --save already on the volume whose files link off it (held). Another volume at its mount
+    point, without the mark the install left, is still one the stop keeps: said, and saved to."""
     inv = host.inventory_with(tmp_path / "pod.yaml", platform="runpod")
     name = ssh(host, "hostname")[1].strip()
     ssh(host, "rm -rf /root/ckpt /root/elsewhere; mkdir -p /root/ckpt && echo w > /root/ckpt/w.pt")
@@ -258,24 +259,46 @@ def test_a_volume_that_cannot_keep_the_copy_is_found_at_install_or_holds_the_sto
     token = ssh(host, f"cat {where}/keep_token")[1].strip()
     assert len(token) == 36 and ssh(host, "cat /workspace/.gpu-provision-volume")[1].strip() \
         == token
+    # a second install (another pod on the volume) keeps the mark that is there
+    assert autostop(host, inv, gp_home, tmp_path, "--save", "/root/ckpt").returncode == 0
+    assert ssh(host, f"cat {where}/keep_token")[1].strip() == token
     ssh(host, "rm /root/ckpt/huge.pt /workspace/.gpu-provision-volume; "
               f"kill -- -$(cat {JOBS}/train/pid)")  # as if another volume were mounted there
-    harness.wait_until(lambda: "its mark .gpu-provision-volume is missing or another's" in
+    harness.wait_until(lambda: stops(api, "podvol"), "the stop", timeout=60)
+    assert "/workspace is not the volume autostop was set on (its mark .gpu-provision-volume " \
+        "is missing or another's); it is storage the stop keeps, so the save goes there" \
+        in log(host, where)
+    assert ssh(host, f"cat /workspace/autostop-saved/{name}/ckpt/w.pt") == (0, "w\n")
+    gpu_provision("-H", inv, "autostop", "--cancel", home=gp_home, cwd=tmp_path)
+    pod(host, api, "podvol2", mode="noop")
+
+    # a --save on the volume already, whose weights link to the container disk
+    ssh(host, "mkdir -p /workspace/run1 /root/weights && echo big > /root/weights/m.pt && "
+              "ln -sfn /root/weights/m.pt /workspace/run1/m.pt")
+    job(host, "train1")
+    r = autostop(host, inv, gp_home, tmp_path, "--save", "/workspace/run1", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    where = json.loads(r.stdout)["dir"]
+    ssh(host, f"kill -- -$(cat {JOBS}/train1/pid)")
+    harness.wait_until(lambda: "/workspace/run1 is on /workspace but links to files off it, "
+                       "which the stop deletes: /workspace/run1/m.pt -> /root/weights/m.pt" in
                        state(host, where).get("held", ""), "the stop held", timeout=60)
-    assert stops(api, "podvol") == []  # the stop would clear the disk: never fired
+    assert stops(api, "podvol2") == []
     gpu_provision("-H", inv, "autostop", "--cancel", home=gp_home, cwd=tmp_path)
 
     job(host, "train2")
     r = autostop(host, inv, gp_home, tmp_path, "--save", "/root/ckpt", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     where = json.loads(r.stdout)["dir"]
-    ssh(host, "mkdir -p /root/elsewhere /workspace/autostop-saved && "
+    ssh(host, f"rm -rf /workspace/autostop-saved/{name}; "
+              "mkdir -p /root/elsewhere /workspace/autostop-saved && "
               f"ln -sfn /root/elsewhere /workspace/autostop-saved/{name}; "
               f"kill -- -$(cat {JOBS}/train2/pid)")
     harness.wait_until(lambda: f"/workspace/autostop-saved/{name} leads off /workspace (to "
                        "/root/elsewhere)" in state(host, where).get("held", ""),
                        "the stop held", timeout=60)
-    assert stops(api, "podvol") == [] and ssh(host, "ls -A /root/elsewhere") == (0, "")
+    assert stops(api, "podvol2") == [] and ssh(host, "ls -A /root/elsewhere") == (0, "")
+    ssh(host, "rm -rf /workspace/run1 /root/weights")
 
 
 def test_a_job_started_during_a_long_save_keeps_the_machine_up(

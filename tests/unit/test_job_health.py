@@ -4,6 +4,8 @@ job folder read by the real lister, and what changed as `jobs`, `logs` and `watc
 
 from __future__ import annotations
 
+import base64
+import csv
 import json
 import os
 import shutil
@@ -49,8 +51,41 @@ def test_a_gpu_that_fell_off_the_bus_is_in_its_health(tmp_path: Path) -> None:
     (after / "lost.txt").write_text(lost.replace("0000:03:00.0", "0000:A1:00.0"))
     s, e = parse_snapshot(snapshot(before, tmp_path)), parse_snapshot(snapshot(after, tmp_path))
     assert s is not None and e is not None and e.gpus == () and e.dmesg
+    assert e.smi_rc == 15 and e.lost == ("0000:a1:00",)
     assert diff(s, e) == ["GPU 0: 1 new Xid 79 (fell off the bus; hardware) at 21:29",
-                          "GPU 0: no longer answers nvidia-smi (nvidia-smi answered for no GPU)"]
+                          "GPU 0: no longer answers nvidia-smi (lost: off the bus)"]
+
+
+def _line(rows: list[str], rc: int, xid: str = "") -> str:
+    """A snapshot line as health_snapshot prints it (index and PCI address fields only)."""
+    b64 = lambda t: base64.b64encode(t.encode()).decode()  # noqa: E731
+    return json.dumps({"t": 1000, "uptime": 500, "fields": "index,pci.bus_id",
+                       "gpus": b64("\n".join(rows)), "smi_rc": rc, "dmesg": True, "xid": b64(xid)})
+
+
+FOUR = [f"{i}, 00000000:{bus}:00.0" for i, bus in enumerate(("18", "2A", "3A", "5D"))]
+
+
+def test_an_end_without_nvidia_smis_answer_is_unknown_not_gone() -> None:
+    """nvidia-smi gives no rows at the job's end for a reason that is not a lost GPU (a timeout
+    while the GPUs are deinitialised without persistence mode, a container that lost its
+    devices): the GPUs' state then is unknown, said so, and none is called gone. Where it
+    failed whole because one GPU is lost (exit 15, naming it), that one is gone and of the
+    others nothing is known; where it still answers for the others, the lost one alone."""
+    start = parse_snapshot(_line(FOUR, 0))
+    timed_out, blocked = parse_snapshot(_line([], 124)), parse_snapshot(_line([], 17))
+    assert diff(start, timed_out) == [
+        "GPU 0, 1, 2, 3: state at the end unknown: nvidia-smi did not answer within 10 s"]
+    assert diff(start, blocked) == ["GPU 0, 1, 2, 3: state at the end unknown: nvidia-smi was "
+                                    "refused access to the GPUs (a container that lost its "
+                                    "devices: restart it)"]
+    whole = parse_snapshot(_line(["Unable to determine the device handle for GPU0000:3A:00.0: "
+                                  "Unknown Error"], 15))
+    assert diff(start, whole) == [
+        "GPU 2: no longer answers nvidia-smi (lost: off the bus)",
+        "GPU 0, 1, 3: state at the end unknown: nvidia-smi failed whole (exit 15: a GPU is lost)"]
+    others = parse_snapshot(_line([FOUR[0], FOUR[1], FOUR[3]], 15))
+    assert diff(start, others) == ["GPU 2: no longer answers nvidia-smi"]
 
 
 def test_an_xid_79_during_the_job_is_in_its_health(tmp_path: Path) -> None:
@@ -91,7 +126,15 @@ def test_an_xid_79_during_the_job_is_in_its_health(tmp_path: Path) -> None:
 
 
 def test_a_power_limit_lowered_while_the_job_ran(tmp_path: Path) -> None:
-    start = parse_snapshot(snapshot(HOSTS / "h100-sxm", tmp_path))
+    """The captured capped host at the end; at the start the same host with GPU 0 at 700 W."""
+    before = tmp_path / "before"
+    shutil.copytree(HOSTS / "4xh100-capped-power", before)
+    rows = list(csv.reader((before / "query-gpu.csv").open(), skipinitialspace=True))
+    at = rows[0].index("enforced.power.limit [W]")
+    rows[1][at] = "700.00 W"
+    with (before / "query-gpu.csv").open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    start = parse_snapshot(snapshot(before, tmp_path))
     end = parse_snapshot(snapshot(HOSTS / "4xh100-capped-power", tmp_path))
     assert start is not None and not start.dmesg  # no dmesg.txt: the kernel log is closed here
     assert diff(start, end) == ["GPU 0: power limit 700 -> 500 W during the job (below its default: "

@@ -229,8 +229,8 @@ def test_the_sustained_load_names_the_card_that_brakes_when_all_draw_together(tm
 
 
 def test_the_sustained_load_keeps_every_fast_gpu_busy_together(tmp_path: Path) -> None:
-    """Eight B200-fast GPUs (an 8192 matmul in half a millisecond): a round of the 8192 size
-    would be about 2000 launches on one GPU, past CUDA's launch queue, so the launching thread
+    """Eight B200-fast GPUs (an 8192 matmul in 0.6 ms): a round of the 8192 size
+    would be about 1600 launches on one GPU, past CUDA's launch queue, so the launching thread
     would wait on each GPU in turn; the matrices grow instead, each round stays within
     MAX_LAUNCHES kernels per GPU, and all eight are loaded for the whole time."""
     import importlib.util
@@ -239,11 +239,16 @@ def test_the_sustained_load_keeps_every_fast_gpu_busy_together(tmp_path: Path) -
     sustained = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sustained)
     host = _host(tmp_path, "8xh100-one-throttled", device={
-        "tflops": {"fp16": 2250.0, "bf16": 2250.0, "tf32": 1100.0, "fp32": 75.0},
+        "tflops": {"fp16": 1745.0, "bf16": 1745.0, "tf32": 870.0, "fp32": 75.0},
         "throttle": None})
+    # one card 2% faster, past the cut between 16384 (196 launches a round at 1745 TFLOPS) and
+    # 32768: the siblings still run one n, the median's
+    doc = json.loads((Path(host) / "host.json").read_text())
+    doc["devices"][3]["tflops"]["bf16"] = 1780.0
+    (Path(host) / "host.json").write_text(json.dumps(doc))
     out, checks = _run(tmp_path, host, _config(8, sustained_s=5))
     s = out["measurements"]["sustained"]
-    assert len(s["gpus"]) == 8
+    assert len(s["gpus"]) == 8 and len({g["n"] for g in s["gpus"]}) == 1
     for g in s["gpus"]:
         assert g["error"] is None and g["seconds"] >= 5
         assert g["n"] > 8192 and g["launches_per_round"] <= sustained.MAX_LAUNCHES, g
