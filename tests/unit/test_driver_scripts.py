@@ -155,6 +155,7 @@ def installs(host: Host) -> list[list[str]]:
     return [c for c in host.calls() if c[0] in ("apt-get", "dnf", "yum", "rpm", "apt-mark",
                                                  "subscription-manager")
             and not (c[0] == "dnf" and c[1:3] == ["-q", "list"])
+            and c[:2] != ["apt-mark", "showhold"]
             and not (c[0] == "yum" and c[1:3] == ["-q", "list"])]
 
 
@@ -192,7 +193,7 @@ def test_ubuntu_prefers_canonicals_signed_prebuilt_modules(tmp_path: Path) -> No
     chosen = [f"linux-modules-nvidia-580-server-open-{kernel}",
               "linux-modules-nvidia-580-server-open-generic",
               "nvidia-headless-no-dkms-580-server-open", "nvidia-utils-580-server"]
-    assert installs(host) == [[*APT, "update", "-q"], [*APT, "install", "-s", "-q", *chosen],
+    assert installs(host) == [[*APT, "update", "-q"], [*APT, "install", "-s", "-y", "-q", *chosen],
                               [*APT, "install", "-y", "-q", *chosen]]
     assert not [c for c in host.calls() if any("dkms" in a and "no-dkms" not in a for a in c)]
 
@@ -241,10 +242,13 @@ def test_ubuntu_on_an_older_kernel_takes_the_driver_its_modules_were_built_for(
     chosen = [f"linux-modules-nvidia-580-server-open-{SKEW_KERNEL}",
               f"nvidia-headless-no-dkms-580-server-open={OLDER}-0ubuntu0.24.04.1",
               f"nvidia-utils-580-server={OLDER}-0ubuntu0.24.04.1"]
-    assert installs(host) == [[*APT, "update", "-q"], [*APT, "install", "-s", "-q", *chosen],
+    assert installs(host) == [[*APT, "update", "-q"], [*APT, "install", "-s", "-y", "-q", *chosen],
                               [*APT, "install", "-y", "-q", *chosen]]
     assert (f"kernel {SKEW_KERNEL} is not the newest: linux-modules-nvidia-580-server-open-generic "
             f"asks for driver {NEWEST}, its modules for {OLDER}") in r.stdout
+    # every package of the branch pinned to that release: apt takes the newest of a dependency
+    pin = (host.root / "etc/apt/preferences.d/gpu-provision-nvidia-580").read_text()
+    assert f"Package: /-580-server/\nPin: version {OLDER}-*\nPin-Priority: 1001\n" in pin
 
 
 @pytest.mark.parametrize("secure_boot", [False, True])
@@ -398,13 +402,33 @@ def test_debian_builds_the_driver_for_the_kernel_that_boots_next_too(tmp_path: P
         assert ["update-initramfs", "-u", "-k", "all"] in host.calls()
 
 
+@pytest.mark.parametrize("kernel", ["6.1.0-27-cloud-amd64", "6.12.48+deb13-cloud-amd64"])
+def test_debian_debug_symbols_never_boot_and_the_flavour_is_read_on_every_release(
+        tmp_path: Path, kernel: str) -> None:
+    """A newer image's debug symbols (linux-image-<kr>-dbg) are not a kernel that boots next;
+    the flavour's headers metapackage is found from bookworm's and trixie's kernel names."""
+    images = f'printf "linux-image-{kernel} ii \\nlinux-image-{kernel}-dbg ii \\n"'
+    sources = 'grep -q "non-free" "$ROOT/etc/apt/sources.list.d/debian.sources"'
+    cache = (f'[ "$1" = policy ] || exit 0\ncase "$2" in\n'
+             f'  nvidia-driver) {sources} && printf "  Candidate: 535.261.03-1\\n";;\n'
+             f'  linux-headers-{kernel}|linux-headers-cloud-amd64) printf "  Candidate: 1\\n";;\n'
+             '  *) echo "N: Unable to locate package $2" >&2;;\nesac\nexit 0')
+    host = debian_host(tmp_path, **{"apt-cache": cache, "dpkg-query": images,
+                                    "uname": f'[ "$1" = -r ] && echo {kernel}'})
+    r = host.run(step_for(DEBIAN, AMPERE))
+    assert r.returncode == 0, r.stderr
+    assert [*APT, "install", "-y", "-q", f"linux-headers-{kernel}",
+            "linux-headers-cloud-amd64"] in installs(host)
+
+
 def test_el_builds_the_driver_for_grubbys_default_kernel_too(tmp_path: Path) -> None:
     """A `dnf update` left a newer kernel as the default boot entry: its devel package is
     installed with the running kernel's, and DKMS builds the driver for it after the install
     (NVIDIA's package builds for the running kernel only)."""
     newer = "5.14.0-570.el9.x86_64"
     host = Host(tmp_path, stubs("el9", kernel=EL9_KERNEL, grubby=f"echo /boot/vmlinuz-{newer}",
-                                dkms=""))
+                                dkms=f'[ "$1" = status ] && echo "nvidia-open/580.95.05, {newer}, '
+                                     'x86_64: installed"; exit 0'))
     r = host.run(step_for(ROCKY9, HOPPER))
     assert r.returncode == 0, r.stderr
     assert ["dnf", "install", "-y", f"kernel-devel-{EL9_KERNEL}", f"kernel-devel-{newer}",
@@ -412,7 +436,13 @@ def test_el_builds_the_driver_for_grubbys_default_kernel_too(tmp_path: Path) -> 
     calls = host.calls()
     assert calls.index(["dkms", "autoinstall", "-k", newer]) > max(
         i for i, c in enumerate(calls) if c[:3] == ["dnf", "install", "-y"])
-    assert ["dracut", "--regenerate-all", "-f"] in calls
+    assert calls.index(["dracut", "--regenerate-all", "-f"]) < calls.index(
+        ["dkms", "autoinstall", "-k", newer])
+    # a DKMS that built nothing of ours for it (another module's failure, or none): said, exit 5
+    host = Host(tmp_path / "none", stubs("el9", kernel=EL9_KERNEL,
+                                         grubby=f"echo /boot/vmlinuz-{newer}", dkms="exit 11"))
+    r = host.run(step_for(ROCKY9, HOPPER))
+    assert r.returncode == 5 and f"DKMS did not build the driver for kernel {newer}" in r.stderr
 
 
 def test_debian_kepler_takes_the_tesla_470_driver(tmp_path: Path) -> None:
