@@ -38,7 +38,10 @@ HEALTH = {"ecc": "ecc.mode.current,ecc.errors.uncorrected.volatile.total,"
           "remapped": "remapped_rows.correctable,remapped_rows.uncorrectable,remapped_rows.pending,"
                       "remapped_rows.failure",
           "retired": "retired_pages.single_bit_ecc.count,retired_pages.double_bit.count,"
-                     "retired_pages.pending"}
+                     "retired_pages.pending",
+          # what the driver says must be done now to clear a fault (nvmlDeviceGetGpuRecoveryAction:
+          # None, Reset, Reboot, Drain P2P, Drain and Reset); a driver without it fails this alone
+          "recovery": "gpu_recovery_action"}
 
 
 def run(argv: list[str], timeout: float = SMI_TIMEOUT) -> dict[str, Any]:

@@ -53,7 +53,10 @@ def judge_health(m: dict[str, Any], check: Check) -> None:
         for r in rows:
             _memory_health(part, r, bad, warn)
     xid = h.get("xid") or {}
-    _xid(xid, bad, warn, said, unknown)
+    recovery = {str(r.get("index")): str(r.get("gpu_recovery_action") or "").strip()
+                for r in h.get("recovery") or [] if isinstance(r, dict)} \
+        if isinstance(h.get("recovery"), list) else {}
+    _xid(xid, bad, warn, said, unknown, recovery)
     tail = (f" ({'; '.join(said)})" if said else "") + \
         (f" (unknown: {'; '.join(unknown)})" if unknown else "")
     # a PASS says what was read: on a host that lets us read nothing of it (a consumer card's
@@ -98,7 +101,12 @@ def _memory_health(part: str, r: dict[str, Any], bad: list[str], warn: list[str]
             warn.append(f"{gpu}: {r['retired_pages.double_bit.count']} pages retired after double-bit errors")
 
 
-def _xid(x: dict[str, Any], bad: list[str], warn: list[str], said: list[str], unknown: list[str]) -> None:
+def _xid(x: dict[str, Any], bad: list[str], warn: list[str], said: list[str], unknown: list[str],
+         recovery: dict[str, str] | None = None) -> None:
+    """``recovery``: each GPU's gpu_recovery_action now. A hardware Xid that needed a reset FAILS,
+    unless its GPU says no action is pending now ("None": it was reset or recovered since; the
+    line stays in the kernel log until the next boot): then it WARNS."""
+    recovery = recovery or {}
     if x.get("error"):
         unknown.append(f"Xid ({x['error']})")
         return
@@ -112,8 +120,17 @@ def _xid(x: dict[str, Any], bad: list[str], warn: list[str], said: list[str], un
         if not mine:
             continue
         text = xid.says(mine) + f"; the last: {mine[-1].get('line', '')[:160]}"
-        if kind == "hardware" and any(e.get("action") in xid.FAILS for e in mine):
-            bad.append(text)
+        failing = [e for e in mine if kind == "hardware" and e.get("action") in xid.FAILS]
+        cleared = [e for e in failing if recovery.get(str(e.get("gpu"))) == "None"]
+        if failing and len(cleared) < len(failing):
+            pending = sorted({f"GPU {e.get('gpu')}: {recovery[str(e.get('gpu'))]}" for e in failing
+                              if recovery.get(str(e.get("gpu")), "None") != "None"
+                              and not recovery[str(e.get("gpu"))].startswith("[")})
+            bad.append(text + (f" (gpu_recovery_action now: {', '.join(pending)})" if pending else ""))
+        elif failing:
+            warn.append(text + " (logged earlier in this boot; the GPU now reports no recovery "
+                        "action pending (gpu_recovery_action: None): it was reset or recovered "
+                        "since; watch for it again)")
         elif kind == "application":
             said.append(text + " (the application's own fault, not the GPU's)")
         else:

@@ -10,7 +10,11 @@ devices" and "Reduced Precision Reduction in FP16 GEMMs"):
   before it ``allow_tf32`` and ``torch.set_float32_matmul_precision``, one state;
 - the same for convolutions: ``torch.backends.cudnn.conv.fp32_precision`` / ``cudnn.allow_tf32``;
 - fp16/bf16 GEMMs with reduced-precision split-K reductions:
-  ``allow_fp16_reduced_precision_reduction`` / ``allow_bf16_reduced_precision_reduction``.
+  ``allow_fp16_reduced_precision_reduction`` / ``allow_bf16_reduced_precision_reduction``;
+- fp16 GEMMs accumulating in fp16 (``allow_fp16_accumulation``, torch 2.7+, "Full FP16
+  Accumulation in FP16 GEMMs", pytorch/pytorch#144441): about twice the fp16 TFLOPS on consumer
+  cards, so it is always off here; a process that turned it on would report a card twice as
+  fast as its datasheet, and a less exact one.
 The environment can overrule them:
 - TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 (NVIDIA's PyTorch container sets it: MONAI, "Precision and
   Accelerating", https://docs.monai.io/en/stable/precision_accelerating.html): torch 1.12-1.13
@@ -63,7 +67,7 @@ def save(torch: Any) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name in ("fp32_precision", "allow_fp16_reduced_precision_reduction",
-                     "allow_bf16_reduced_precision_reduction"):
+                     "allow_bf16_reduced_precision_reduction", "allow_fp16_accumulation"):
             try:
                 if hasattr(m, name):
                     state[name] = getattr(m, name)
@@ -129,12 +133,15 @@ def set_conv(torch: Any, tf32: bool) -> None:
 
 
 def set_reduced(torch: Any, allowed: bool = True) -> None:
-    """fp16/bf16 split-K reductions (torch's default: allowed)."""
+    """fp16/bf16 split-K reductions (torch's default: allowed); fp16 accumulation always off
+    (torch's default)."""
     m = _matmul(torch)
-    for name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+    for name, value in (("allow_fp16_reduced_precision_reduction", allowed),
+                        ("allow_bf16_reduced_precision_reduction", allowed),
+                        ("allow_fp16_accumulation", False)):
         if hasattr(m, name):
             try:
-                setattr(m, name, allowed)
+                setattr(m, name, value)
             except Exception:  # noqa: BLE001 - older torch: the reduction is not configurable
                 pass
 

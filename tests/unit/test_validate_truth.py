@@ -106,6 +106,31 @@ def test_the_old_tolerance_fails_a_tf32_product_and_the_bound_does_not(monkeypat
     assert gf.correctness(torch, a, dev, "ieee")["ok"] is False
 
 
+def test_fp16_accumulation_a_process_turned_on_is_off_for_the_figures(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.7's allow_fp16_accumulation (fp16 GEMMs accumulating in fp16, about twice the
+    TFLOPS on consumer cards): whatever the process set, the figures run with it off, and the
+    process gets its own setting back."""
+    import importlib.util
+    import sys
+    monkeypatch.setenv("FAKE_CUDA_HOST", str(HOSTS / "h100-sxm" / "host.json"))
+    torch = _fake_torch(monkeypatch)
+    torch.__version__ = "2.7.1+cu128"
+    gpu = Path(__file__).resolve().parents[2] / "templates" / "gpu"
+    monkeypatch.syspath_prepend(str(gpu))
+    monkeypatch.delitem(sys.modules, "precision", raising=False)
+    spec = importlib.util.spec_from_file_location("precision", gpu / "precision.py")
+    assert spec is not None and spec.loader is not None
+    precision = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(precision)
+    torch.backends.cuda.matmul.allow_fp16_accumulation = True  # as the renter's code had it
+    saved = precision.save(torch)
+    precision.set_reduced(torch, True)
+    assert torch.backends.cuda.matmul.allow_fp16_accumulation is False
+    precision.restore(torch, saved)
+    assert torch.backends.cuda.matmul.allow_fp16_accumulation is True
+
+
 def _fake_torch(monkeypatch: pytest.MonkeyPatch) -> Any:
     import importlib.util
     import sys
@@ -167,16 +192,46 @@ def test_a_slow_nvidia_smi_still_reads_the_link_under_the_copy(tmp_path: Path) -
     assert said[0][1] == "pass" and "not judged" in said[0][2]
 
 
+def _recovery(tmp: Path, name: str, action: str) -> str:
+    """A copy of fixture host ``name`` whose GPUs report ``action`` as gpu_recovery_action."""
+    import csv
+    folder = Path(_host(tmp, name))
+    path = folder / "query-gpu.csv"
+    rows = list(csv.reader(path.open(), skipinitialspace=True))
+    at = rows[0].index("gpu_recovery_action")
+    for r in rows[1:]:
+        r[at] = action
+    with path.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    return str(folder)
+
+
 def test_xid_79_of_our_gpu_fails_it(tmp_path: Path) -> None:
     """The captured kernel log of akash-network/support#209 (Xid 79 on PCI 0000:a1:00) with
-    leptonai/gpud#46's Xid 13 and 109 (PCI 0000:cb:00); this host's GPU is on a1."""
-    out, checks = _run(tmp_path, "h100-xid79-ours", _config(1))
+    leptonai/gpud#46's Xid 13 and 109 (PCI 0000:cb:00); this host's GPU is on a1, and its driver
+    says a reboot is pending (gpu_recovery_action)."""
+    out, checks = _run(tmp_path, _recovery(tmp_path, "h100-xid79-ours", "Reboot"), _config(1))
     health = checks["gpu health"]
     assert health["status"] == "fail" and out["verdict"] == "FAIL"
     assert health["reason"].startswith("GPU 0: 1 x Xid 79 (fell off the bus; hardware: the machine "
                                        "needs a reboot); the last: [Fri Apr  5 21:29:39 2024] NVRM: Xid")
+    assert "(gpu_recovery_action now: GPU 0: Reboot)" in health["reason"]
     assert "4 Xid line(s) of GPUs that are not ours (another tenant's on this machine) not counted" \
         in health["reason"]
+
+
+@pytest.mark.parametrize(("action", "status"), [("None", "warn"), ("[N/A]", "fail")])
+def test_a_hardware_xid_the_gpu_recovered_from_warns(tmp_path: Path, action: str,
+                                                     status: str) -> None:
+    """The same Xid 79 line, still in the kernel log of this boot, on a GPU whose driver now
+    says no recovery action is pending (it was reset, and answers): a warning to watch it, not
+    a FAIL of a working GPU. Where the driver cannot say ([N/A], an older one), it FAILs."""
+    out, checks = _run(tmp_path, _recovery(tmp_path, "h100-xid79-ours", action), _config(1))
+    health = checks["gpu health"]
+    assert health["status"] == status, health
+    if status == "warn":
+        assert "logged earlier in this boot; the GPU now reports no recovery action pending " \
+            "(gpu_recovery_action: None)" in health["reason"]
 
 
 def test_an_applications_xid_13_is_said_and_other_gpus_xid_79_is_not_ours(tmp_path: Path) -> None:

@@ -84,6 +84,8 @@ class _Matmul:
             return self._forced() or self._precision != "highest"
         if name == "fp32_precision" and _version() >= (2, 9):
             return self._new_api or "none"
+        if name == "allow_fp16_accumulation" and _version() >= (2, 7):  # off unless turned on
+            return bool(self.__dict__.get("_fp16_acc", False))
         raise AttributeError(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -97,6 +99,8 @@ class _Matmul:
             object.__setattr__(self, "_new_api", None if value == "none" else value)
         elif name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
             object.__setattr__(self, name, bool(value))
+        elif name == "allow_fp16_accumulation" and _version() >= (2, 7):
+            object.__setattr__(self, "_fp16_acc", bool(value))
         else:
             raise AttributeError(name)
 
