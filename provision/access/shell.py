@@ -18,6 +18,7 @@ the session.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import select
 import signal
@@ -47,13 +48,26 @@ def new_token() -> str:
     return secrets.token_hex(8)
 
 
+# what makes one word a command line, as `ssh HOST 'a | b'` hands it to the host's shell
+SHELL_LINE = re.compile(r"[\s|&;<>()$`*?~{}\[\]'\"\\]")
+
+
+def shell_line(argv: Sequence[str] | None) -> str | None:
+    """A command given as ONE word holding spaces or shell syntax (`shell -- 'ls ~ | head -3'`,
+    as every ssh user types it): that line, for bash to read on the host as ssh's remote shell
+    does; None for words run as given."""
+    if argv is not None and len(argv) == 1 and SHELL_LINE.search(argv[0]):
+        return argv[0]
+    return None
+
+
 def shell_script(data_dirs: Sequence[str], argv: Sequence[str] | None, token: str = "") -> str:
     """What runs on the host: the env's activation (the same file bootstrap's login block
     sources), the data dir (the first of ``data_dirs`` that exists, else the home), then a login
-    shell or ``argv`` (words as given, never re-split). ``token``: names the file the command's
-    process group is written to (``new_token``)."""
+    shell, ``argv`` (words as given, never re-split), or one command line (``shell_line``).
+    ``token``: names the file the command's process group is written to (``new_token``)."""
     return render("access/shell.sh.j2", data_dirs=list(data_dirs),
-                  argv=list(argv) if argv is not None else None,
+                  argv=list(argv) if argv is not None else None, line=shell_line(argv),
                   activate=render("setup/activate.sh"), token=token or new_token())
 
 

@@ -44,7 +44,7 @@ from ..money.notify import for_target
 from ..remote.executor import Executor
 from ..setup.session import Session, open_executor
 from ..store import Store, run_id
-from ..sync.code import check_size, code_folder, named_files, selection
+from ..sync.code import LAST_JOB_ID, check_size, code_folder, named_files, selection
 from ..sync.plan import human
 from ..sync.transfer import Options as SyncOptions
 from ..sync.transfer import sync_up
@@ -174,7 +174,7 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
         first = settings_for(targets[0], None)
         command = command_of(command_after_dashes(), load_recipe(first.recipe).job, first.recipe)
         job_name = given or default_name(command)
-        job_id = new_id(job_name)
+        job_id = new_id(job_name) if given else _unused_id(store, job_name)
         base = JobSpec(id=job_id, name=job_name, argv=command, gpus=asked,
                        workdir=workdir or "~", share=share, launcher=launcher,
                        files=named_files(command), sent=str(folder or ""))
@@ -207,6 +207,26 @@ def run(c: Context, name: str | None = None, gpus: str | None = None, workdir: s
     else:
         output.job_started(started, specs, follow)
     return {"job": job_id}
+
+
+def _unused_id(store: Store, name: str) -> str:
+    """A new id for a job named for its command: ids are to the second, so a run started in the
+    same second as the last one from here (a script starting two) waits for the next second
+    rather than being refused as a job that exists already."""
+    last = store.root / LAST_JOB_ID
+    job_id = new_id(name)
+    try:
+        if last.read_text().strip() == job_id:
+            time.sleep(1 - time.time() % 1 + 0.01)
+            job_id = new_id(name)
+    except OSError:
+        pass
+    try:
+        store.root.mkdir(parents=True, exist_ok=True)
+        last.write_text(job_id + "\n")
+    except OSError:
+        pass
+    return job_id
 
 
 def send_code(s: Session, folder: Path, workdir: str | None, exclude: Sequence[str]) -> str:

@@ -58,6 +58,7 @@ def sync(c: Context, direction: str, src: str, dest: str | None = None,
     from ..sync import show as output_data
     from ..sync import transfer as data_sync
     from ..sync import watch as sync_watch
+    from ..sync.code import record_pulled
     from ..ui import console as output
 
     if direction not in ("up", "down"):
@@ -88,6 +89,8 @@ def sync(c: Context, direction: str, src: str, dest: str | None = None,
                 report = data_sync.sync_up(s.ex, target, Path(src), dest, opts, bar, link)
             else:
                 report = data_sync.sync_down(s.ex, target, src, dest, opts, bar, link)
+                if not opts.dry_run:  # not the job's code: `run` leaves it out
+                    record_pulled(store.root, Path(report.dest))
     measured = report.link()
     if measured is not None:
         store.save_report(target.name, measured, kind="link", run=s.run)

@@ -18,10 +18,11 @@ def shell(c: Context) -> None:
 
     Over our connection and the pinned host key: a real terminal on the host (its size follows
     this window; Ctrl-C reaches what runs there), and the shell's exit code is this command's.
-    With -- CMD the words run as given (never re-split by a shell), without a terminal, as
-    `ssh HOST CMD` would, and its exit code is this command's. Example:
-    gpu-provision -H my-4090 shell;
-    gpu-provision -H my-4090 shell -- python -c 'import torch; print(torch.__version__)'
+    With -- CMD the words run as given (never re-split by a shell), without a terminal, and its
+    exit code is this command's; one word holding spaces or shell syntax is a command line for
+    the host's bash, as `ssh HOST 'a | b'` takes it. Example: gpu-provision -H my-4090 shell;
+    gpu-provision -H my-4090 shell -- python -c 'import torch; print(torch.__version__)';
+    gpu-provision -H my-4090 shell -- 'nvidia-smi | head -5'
     """
     from . import hands_commands
     hands_commands.shell(c)

@@ -69,25 +69,63 @@ def gitignore_patterns(folder: Path) -> tuple[str, ...]:
     return tuple(out)
 
 
+PULLED = "pulled"  # in the store: what `sync down` brought here, one absolute path a line
+LAST_JOB_ID = "last-job-id"  # in the store: the id `run` gave the last job it named itself
+
+
+def record_pulled(store: Path, path: Path) -> None:
+    """Remember that ``sync down`` brought ``path`` here: a checkpoint pulled into the project
+    folder is not the job's code, and the next ``run`` must not send it back up."""
+    ledger = store / PULLED
+    known = set(ledger.read_text().splitlines()) if ledger.exists() else set()
+    full = str(path.resolve())
+    if full not in known:
+        store.mkdir(parents=True, exist_ok=True)
+        with ledger.open("a", encoding="utf-8") as f:
+            f.write(full + "\n")
+
+
+def pulled_patterns(folder: Path, store: Path | None) -> tuple[str, ...]:
+    """Exclude patterns (anchored at ``folder``) for what ``sync down`` pulled into it."""
+    ledger = store / PULLED if store is not None else None
+    if ledger is None or not ledger.exists():
+        return ()
+    out = []
+    for line in ledger.read_text(encoding="utf-8").splitlines():
+        p = Path(line)
+        try:
+            rel = p.relative_to(folder.resolve()).as_posix()
+        except ValueError:
+            continue
+        if rel != "." and p.exists():
+            out.append(f"/{rel}/" if p.is_dir() else f"/{rel}")
+    return tuple(sorted(out))
+
+
 def selection(folder: Path, excludes: Sequence[str], store: Path | None = None
               ) -> tuple[frozenset[str] | None, tuple[str, ...], str]:
     """(only these files or None, exclude patterns, how the files were chosen). ``store``: the
-    folder this tool keeps its logs and reports in; left out when it lies in ``folder``."""
-    patterns: tuple[str, ...] = (*ALWAYS_LEFT_OUT, *excludes)
+    folder this tool keeps its logs and reports in; left out when it lies in ``folder``, as is
+    what ``sync down`` pulled into ``folder`` (``record_pulled``)."""
+    pulled = pulled_patterns(folder, store)
+    patterns: tuple[str, ...] = (*ALWAYS_LEFT_OUT, *excludes, *pulled)
     if store is not None:
         try:
             rel = store.resolve().relative_to(folder).as_posix()
         except ValueError:
             rel = None
-        if rel is not None:  # its logs/ and reports/ are ours, not the project's
+        if rel is not None:  # its logs/, reports/ and ledger are ours, not the project's
             top = "" if rel == "." else f"/{rel}"
-            patterns += (f"{top}/logs/", f"{top}/reports/")
+            patterns += (f"{top}/logs/", f"{top}/reports/", f"{top}/{PULLED}",
+                         f"{top}/{LAST_JOB_ID}")
+    left = (f"; not what sync down pulled here: {', '.join(p.lstrip('/') for p in pulled)}"
+            if pulled else "")
     listed = git_files(folder)
     if listed is not None:
-        return listed, patterns, "git's list (.gitignore honoured)"
+        return listed, patterns, "git's list (.gitignore honoured)" + left
     ignored = gitignore_patterns(folder)
     how = "every file but .gitignore's patterns" if ignored else "every file"
-    return None, (*patterns, *ignored), how
+    return None, (*patterns, *ignored), how + left
 
 
 def check_size(folder: Path, only: frozenset[str] | None, patterns: Sequence[str]) -> None:

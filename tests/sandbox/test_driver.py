@@ -54,7 +54,7 @@ def test_ubuntu_2004_gets_the_branch_its_archive_has(hosts: Hosts, gp_home, tmp_
             ("apt-get", [*APT, "update", "-q"]),
             ("apt-get", [*APT, "install", "-y", "-q", f"linux-headers-{KERNEL}"]),
             ("apt-get", [*APT, "install", "-y", "-q", "nvidia-driver-550-server"]),
-            ("update-initramfs", ["-u"]),
+            ("update-initramfs", ["-u", "-k", "all"]),
             ("modprobe", ["nvidia"]),  # nouveau holds the GPU: No such device
             ("reboot", []),
             ("apt-mark", ["hold", *HELD_550]),
@@ -204,7 +204,7 @@ def test_centos7_elrepo_without_reboot(hosts: Hosts, gp_home, tmp_path) -> None:
             # ELRepo's el7 tree still offers it (else: refused, before installing)
             ("yum", ["-q", "list", "available", "kmod-nvidia"]),
             ("yum", ["install", "-y", "kmod-nvidia", "nvidia-x11-drv"]),
-            ("dracut", ["-f"]),
+            ("dracut", ["--regenerate-all", "-f"]),
             ("modprobe", ["nvidia"]),
             ("yum", ["versionlock", "add", "kmod-nvidia*", "nvidia-x11-drv*"]),
         ]
@@ -246,7 +246,7 @@ def test_rocky_resets_an_enabled_stream_before_the_branchs(hosts: Hosts, gp_home
             ("dnf", ["module", "reset", "-y", "nvidia-driver"]),
             ("dnf", ["module", "enable", "-y", "nvidia-driver:580-open"]),
             ("dnf", ["install", "-y", "nvidia-open"]),
-            ("dracut", ["-f"]),
+            ("dracut", ["--regenerate-all", "-f"]),
             ("modprobe", ["nvidia"]),
             ("dnf", ["versionlock", "add", "*nvidia*580*"]),
         ]

@@ -88,6 +88,15 @@ def test_shell_command_runs_in_the_env_in_the_data_dir(box: tuple[harness.HostIn
                        input=blob, capture_output=True, text=True, env=e, cwd=tmp_path,
                        timeout=120)
     assert p.stdout == blob, p.stderr
+    # one word with shell syntax is a command line, as ssh takes it; a program the host lacks
+    # is named as such
+    r = gpu_provision("-H", inv, "shell", "--", "printf 'a\\nb\\nc\\n' | head -2 | wc -l",
+                      home=gp_home, cwd=tmp_path, env=link.env)
+    assert (r.returncode, r.stdout.strip()) == (0, "2"), r.stderr
+    r = gpu_provision("-H", inv, "shell", "--", "no-such-tool", "--version", home=gp_home,
+                      cwd=tmp_path, env=link.env)
+    assert r.returncode == 127 and "no-such-tool: command not found on the host (PATH: " \
+        in r.stderr and "line " not in r.stderr, r.stderr
     # no run folder for a shell
     assert not (tmp_path / "logs").exists()
     assert link.went_through_a_keeper()
@@ -458,9 +467,17 @@ def test_run_sends_the_code_and_runs_in_it(box: tuple[harness.HostInfo, str], gp
     os.utime(proj / "cfg" / "params.json", (time.time() + 5, time.time() + 5))
     r = run("--json", "--", "python", "train.py")
     assert "sent 1 file(s)" in r.stderr and "3 unchanged" in r.stderr, r.stderr
+    assert r.returncode == 0 and "id" in json.loads(r.stdout), r.stdout + r.stderr
     logs = gpu_provision("-H", inv, "logs", json.loads(r.stdout)["id"], "-f", home=gp_home,
                          env=link.env)
     assert "lr 0.02" in logs.stdout.splitlines()
+    # what sync down pulls into the project (a checkpoint) is not code: not sent back up
+    r = gpu_provision("-H", inv, "sync", "down", f"{there}/cfg", str(proj / "ckpt"),
+                      home=gp_home, cwd=proj, env=link.env)
+    assert r.returncode == 0 and (proj / "ckpt" / "params.json").exists(), r.stderr
+    r = run("--", "python", "train.py")
+    assert "sent 0 file(s) (0 B), 4 unchanged" in r.stderr, r.stderr
+    assert "not what sync down pulled here: ckpt/" in r.stderr
     # a script that is neither here nor there: refused before starting, named
     def ids() -> set[str]:
         listed = gpu_provision("-H", inv, "jobs", "--json", "--all", home=gp_home,

@@ -227,6 +227,23 @@ def test_shell_command_runs_in_the_env_in_the_data_dir_words_as_given(home: Path
     assert r.returncode == 7
 
 
+@pytest.mark.parametrize(("argv", "line"), [
+    (["ls ~ | head -3"], "ls ~ | head -3"),  # as `ssh HOST 'ls ~ | head -3'`
+    (["python train.py --lr 3e-4"], "python train.py --lr 3e-4"),
+    (["nvidia-smi"], None), (["a b", "c"], None),  # words as given: more than one, or plain
+])
+def test_one_word_with_shell_syntax_is_a_command_line(argv: list[str], line: str | None) -> None:
+    assert sh.shell_line(argv) == line
+
+
+def test_a_command_line_runs_in_bash_and_a_missing_program_is_named(home: Path) -> None:
+    r = _bash(home, sh.shell_script([], ["echo one two | wc -w; exit 3"]))
+    assert (r.returncode, r.stdout.strip()) == (3, "2")
+    r = _bash(home, sh.shell_script([], ["no-such-tool", "-v"]))
+    assert r.returncode == 127 and "no-such-tool: command not found on the host" in r.stderr
+    assert "line " not in r.stderr
+
+
 # --- serving recipes --------------------------------------------------------------------------
 
 def test_the_vllm_recipe_serves_on_the_loopback_and_says_how_to_check_it() -> None:
