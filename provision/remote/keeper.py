@@ -68,6 +68,9 @@ class Keeper:
         self.spare: paramiko.Channel | None = None
         self.stopping = False
         self.probed = time.monotonic()
+        # when the server last answered us, on both clocks: a gap between them is a suspend
+        # (the monotonic clock does not count one), after which the link is proved first
+        self.heard = (time.monotonic(), time.time())
         self.probe: tuple[threading.Event, float, float] | None = None
         self.requests: OrderedDict[str, str] = OrderedDict()
         # the clients waiting for the answer to an exec or shell, by request id: each gets one
@@ -115,6 +118,18 @@ class Keeper:
             except OSError:
                 pass
 
+
+    def _prove_link(self) -> None:
+        """Before an exec goes out on a link not heard from for a while, or across a suspend (a
+        laptop's lid, whose sleep the monotonic clock does not count): one keepalive answered,
+        else the link is taken for dead before anything was sent (EOFError: lost, not issued),
+        and the command runs on a fresh connection instead of 'may have started'."""
+        mono, wall = self.heard
+        since = time.monotonic() - mono
+        if since < PROBE_EVERY + PROBE_WAIT and abs((time.time() - wall) - since) < 5:
+            return
+        if not self._ask_server().wait(self.timeout):
+            raise EOFError("the kept link did not answer before the command was sent")
 
     def _issued(self, header: dict[str, Any]) -> bool:
         request = header.get("id")
@@ -186,6 +201,7 @@ class Keeper:
         def probe() -> None:
             self.transport.global_request("keepalive@openssh.com", wait=True)
             if self.transport.is_active():
+                self.heard = (time.monotonic(), time.time())
                 answered.set()
         threading.Thread(target=probe, daemon=True).start()
         return answered
@@ -209,12 +225,17 @@ class Keeper:
                 # whether the host answers on our link now
                 request = header.get("id")
                 issued = request is not None and self._settle(str(request), WITHDRAWN) == ISSUED
-                wait = float(header.get("wait", self.timeout))  # the asking command's timeout
+                asked = header.get("wait")
+                wait = float(asked) if isinstance(asked, (int, float)) else float(self.timeout)
                 answered: bool | None = None  # wait 0: a withdrawal, the link not asked about
                 if wait > 0:
                     answered = self._ask_server().wait(min(wait, self.timeout))
-                    if not answered:
+                    with self.lock:  # (the asking command's own channel is not "busy")
+                        busy = self.channels - (str(request) in self.waiting) > 0
+                    if not answered and not busy:
                         self.stopping = True  # a dead link: the next command connects afresh
+                    # (busy: a link full of others' data answers late; our own check, with its
+                    # longer wait, judges it, not one command's probe)
                 client.sendall(json.dumps({"answered": answered, "issued": issued}).encode()
                                + b"\n")
             else:
@@ -238,6 +259,7 @@ class Keeper:
                 chan.update_environment(header["env"])
             if op in ("exec", "shell"):
                 request = header.get("id")
+                self._prove_link()
                 if request is not None and (_hung_up(header["client"])
                                             or self._settle(str(request), ISSUED) != ISSUED):
                     # its command asked about it, or went away (a Ctrl-C): never sent
@@ -259,10 +281,16 @@ class Keeper:
     def _channel(self, client: socket.socket, header: dict[str, Any]) -> None:
         header = {**header, "client": client}
         with self.lock:
-            self.channels += 1
-            self.last = time.time()
-            if header.get("id") is not None:
-                self.waiting[str(header["id"])] = client
+            ended = self.stopping
+            if not ended:
+                self.channels += 1
+                self.last = time.time()
+                if header.get("id") is not None:
+                    self.waiting[str(header["id"])] = client
+        if ended:  # accepted as we end: nothing of it was sent
+            client.sendall(json.dumps({"ok": False, "lost": True, "issued": False,
+                                       "error": "the kept connection ended"}).encode() + b"\n")
+            return
         try:
             try:
                 chan = self._open(header)
@@ -298,6 +326,7 @@ class Keeper:
             with self.lock:
                 self.channels -= 1
                 self.last = time.time()
+                self.waiting.pop(str(header.get("id")), None)
 
 
 def _framed(chan: paramiko.Channel, client: socket.socket) -> None:

@@ -239,7 +239,9 @@ class RelayTransport:
         self.remote_version = ""  # the server's banner, once the keeper has said it
         self.username: str | None = None
         self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
+        # reentrant: Ctrl-C's handler (executor._interruptible) calls close() in the main thread,
+        # which may be inside _track or forget at that moment
+        self._lock = threading.RLock()
 
     def is_active(self) -> bool:
         return self.active
@@ -276,6 +278,9 @@ class RelayTransport:
                                     "error": "no keeper"}, None
                 else:
                     known = fate[-1] if fate else self._fate(path, str(header["id"]))
+                    if not self.active:  # Ctrl-C while it was asked about
+                        self._withdraw(path, header)
+                        raise paramiko.SSHException("the connection is closed") from None
                     if known == "withdrawn, link alive":  # it never went out, and never will
                         if attempt == 1:
                             continue  # ask again, once
@@ -348,8 +353,8 @@ class RelayTransport:
         not answer either (or is too old to say)."""
         try:
             sock, answer = ask(path, {"op": "probe", "wait": self.timeout, "id": request},
-                               self.timeout + 5)
-        except Gone:
+                               self.timeout + 5, track=self._track)
+        except (Gone, paramiko.SSHException):  # (SSHException: closed meanwhile, a Ctrl-C)
             return "unknown"
         sock.close()
         if "issued" not in answer:

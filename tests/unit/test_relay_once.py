@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -306,3 +309,22 @@ def test_a_keeper_that_freezes_under_a_command_loses_it_within_its_heartbeats(
     for c in held:
         c.close()
     listener.close()
+
+
+def test_ctrl_c_while_the_transport_is_busy_with_its_sockets_closes_it(tmp_path: Path) -> None:
+    """The executor's Ctrl-C handler calls close() in the main thread, which may be inside the
+    transport's own bookkeeping (a channel being opened or forgotten) at that moment: close()
+    must not wait for a lock its own thread holds (it hung the command for good)."""
+    script = textwrap.dedent("""
+        import os, signal, sys, threading, time
+        from provision.remote.relay import RelayTransport
+        r = RelayTransport("/nonexistent", 1, lambda: "/x")
+        signal.signal(signal.SIGINT, lambda *_: r.close())
+        threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        with r._lock:  # as _track and forget hold it
+            time.sleep(0.5)
+        print("closed" if not r.active else "open")
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.stdout.strip() == "closed", r.stderr
