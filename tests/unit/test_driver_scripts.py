@@ -270,6 +270,37 @@ def test_ubuntu_modules_whose_driver_left_the_archive_build_or_refuse(
         [*APT, "install", "-y", "-q", "nvidia-driver-580-server-open"]]
 
 
+# apt 2.x on a source signed with a key it no longer trusts (the CUDA repository's key revoked in
+# 2022: NVIDIA/gpu-driver-container's Dockerfiles run `apt-key del 7fa2af80` before fetching it)
+STALE_SOURCE = ("W: GPG error: https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/"
+                "x86_64  InRelease: The following signatures couldn't be verified because the "
+                "public key is not available: NO_PUBKEY A4B469963BF863CC\n"
+                "E: The repository 'https://developer.download.nvidia.com/compute/cuda/repos/"
+                "ubuntu2004/x86_64  InRelease' is not signed.")
+
+
+@pytest.mark.parametrize("resolves", [True, False])
+def test_an_unrelated_source_failing_apt_update_does_not_end_the_step(
+        tmp_path: Path, resolves: bool) -> None:
+    """`apt-get update` exits 100 for one stale source: the step goes on with what the other
+    sources gave, and where the driver's packages then do not resolve, the refusal names it."""
+    update = (f'case " $* " in *" update "*) printf "%s\\n" {shlex.quote(STALE_SOURCE)} >&2; '
+              'exit 100;; esac; exit 0')
+    candidates = {f"linux-headers-{UBUNTU_KERNEL}": "5.4.0-216.236"} if resolves else {}
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, **{
+        "apt-get": update, "apt-cache": policy(candidates)}))
+    r = host.run(step_for(UBUNTU, AMPERE))
+    assert "apt-get update failed for some sources (above): going on" in r.stdout
+    if resolves:
+        assert r.returncode == 0, r.stderr
+        assert installs(host)[-1] == [*APT, "install", "-y", "-q", "nvidia-driver-550-server"]
+        return
+    assert r.returncode == 3
+    assert "(apt-get update failed for some sources: E: The repository 'https://developer." \
+        "download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64  InRelease' is not signed." \
+        in r.stderr
+
+
 def test_ubuntu_secure_boot_without_prebuilt_modules_is_refused_before_installing(
         tmp_path: Path) -> None:
     """Secure Boot on and no signed module package for this kernel: a DKMS build would be
