@@ -347,6 +347,16 @@ def test_busy_as_the_renter_means_it(host: harness.HostInfo, gp_home: Path,
     ssh(host, "tmux new-session -d -s mine 'sleep 120'")
     busy_with(host, where, "tmux session mine: sleep runs")
     ssh(host, "tmux kill-server; true")
+    # a shell running a script: the pane's command is "bash" all the same
+    ssh(host, "printf 'while :; do sleep 1; done\\n' > /root/train.sh; "
+              "tmux new-session -d -s script 'bash /root/train.sh'")
+    busy_with(host, where, "tmux session script: bash /root/train.sh runs")
+    ssh(host, "tmux kill-server; true")
+    # typed at a pane's prompt: a foreground job of its interactive shell
+    ssh(host, "tmux new-session -d -s typed; sleep 0.5; "
+              "tmux send-keys -t typed 'bash /root/train.sh' Enter")
+    busy_with(host, where, "tmux session typed: a command runs in its shell")
+    ssh(host, "tmux kill-server; true")
     # an SSH login with a terminal
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # a sandbox host
