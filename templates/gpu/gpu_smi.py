@@ -31,8 +31,10 @@ CAPS = ("uuid,index,power.limit,enforced.power.limit,power.default_limit,power.m
         "power.max_limit,clocks.applications.graphics,clocks.default_applications.graphics,"
         "clocks.applications.memory,clocks.default_applications.memory,persistence_mode,compute_mode")
 BAD_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+# (applications_clocks_setting: the clocks at the application clocks' ceiling, named so that a
+# host that set them low is seen under load too; judge_caps compares them with the default)
 REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
-           "sw_thermal_slowdown")
+           "sw_thermal_slowdown", "applications_clocks_setting")
 HEALTH = {"ecc": "ecc.mode.current,ecc.errors.uncorrected.volatile.total,"
                  "ecc.errors.corrected.volatile.total",
           "remapped": "remapped_rows.correctable,remapped_rows.uncorrectable,remapped_rows.pending,"
