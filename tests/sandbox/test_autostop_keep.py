@@ -262,13 +262,20 @@ def test_a_volume_that_cannot_keep_the_copy_is_found_at_install_or_holds_the_sto
     # a second install (another pod on the volume) keeps the mark that is there
     assert autostop(host, inv, gp_home, tmp_path, "--save", "/root/ckpt").returncode == 0
     assert ssh(host, f"cat {where}/keep_token")[1].strip() == token
+    # and the folder of this host's name holds another machine's save (a host name reused)
+    theirs = f"/workspace/autostop-saved/{name}"
+    ssh(host, f"mkdir -p {theirs}/ckpt && echo theirs > {theirs}/ckpt/w.pt && "
+              f"echo ffffffffffffffffffffffffffffffff > {theirs}/.gpu-provision-owner")
+    me = ssh(host, "head -c 8 /etc/machine-id")[1].strip()
     ssh(host, "rm /root/ckpt/huge.pt /workspace/.gpu-provision-volume; "
               f"kill -- -$(cat {JOBS}/train/pid)")  # as if another volume were mounted there
     harness.wait_until(lambda: stops(api, "podvol"), "the stop", timeout=60)
+    text = log(host, where)
     assert "/workspace is not the volume autostop was set on (its mark .gpu-provision-volume " \
-        "is missing or another's); it is storage the stop keeps, so the save goes there" \
-        in log(host, where)
-    assert ssh(host, f"cat /workspace/autostop-saved/{name}/ckpt/w.pt") == (0, "w\n")
+        "is missing or another's); it is storage the stop keeps, so the save goes there" in text
+    assert f"{theirs} holds another machine's save (its .gpu-provision-owner): this one goes " \
+        f"to {theirs}-{me}" in text
+    assert ssh(host, f"cat {theirs}/ckpt/w.pt; cat {theirs}-{me}/ckpt/w.pt") == (0, "theirs\nw\n")
     gpu_provision("-H", inv, "autostop", "--cancel", home=gp_home, cwd=tmp_path)
     pod(host, api, "podvol2", mode="noop")
 
