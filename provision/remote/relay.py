@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import paramiko
 
@@ -271,16 +271,14 @@ class RelayTransport:
                                    if runs else None)
             except Gone as exc:
                 if not self.active:
-                    self._withdraw(path, header)
-                    raise paramiko.SSHException("the connection is closed") from None
+                    self._closed_while_asking(path, header)
                 if not (exc.sent and runs):
                     answer, sock = {"ok": False, "lost": True, "issued": False,
                                     "error": "no keeper"}, None
                 else:
                     known = fate[-1] if fate else self._fate(path, str(header["id"]))
                     if not self.active:  # Ctrl-C while it was asked about
-                        self._withdraw(path, header)
-                        raise paramiko.SSHException("the connection is closed") from None
+                        self._closed_while_asking(path, header)
                     if known == "withdrawn, link alive":  # it never went out, and never will
                         if attempt == 1:
                             continue  # ask again, once
@@ -335,6 +333,10 @@ class RelayTransport:
             return False
         fate.append(self._fate(path, str(header["id"])))
         return fate[-1] == "issued, link alive" and len(fate) < LATE_ROUNDS
+
+    def _closed_while_asking(self, path: str, header: dict[str, Any]) -> NoReturn:
+        self._withdraw(path, header)
+        raise paramiko.SSHException("the connection is closed")
 
     def _withdraw(self, path: str, header: dict[str, Any]) -> None:
         """The command was closed while it waited (Ctrl-C): withdraw its request, if it had not
