@@ -68,9 +68,6 @@ class Keeper:
         self.spare: paramiko.Channel | None = None
         self.stopping = False
         self.probed = time.monotonic()
-        # when the server last answered us, on both clocks: a gap between them is a suspend
-        # (the monotonic clock does not count one), after which the link is proved first
-        self.heard = (time.monotonic(), time.time())
         self.probe: tuple[threading.Event, float, float] | None = None
         self.requests: OrderedDict[str, str] = OrderedDict()
         # the clients waiting for the answer to an exec or shell, by request id: each gets one
@@ -118,18 +115,6 @@ class Keeper:
             except OSError:
                 pass
 
-
-    def _prove_link(self) -> None:
-        """Before an exec goes out on a link not heard from for a while, or across a suspend (a
-        laptop's lid, whose sleep the monotonic clock does not count): one keepalive answered,
-        else the link is taken for dead before anything was sent (EOFError: lost, not issued),
-        and the command runs on a fresh connection instead of 'may have started'."""
-        mono, wall = self.heard
-        since = time.monotonic() - mono
-        if since < PROBE_EVERY + PROBE_WAIT and abs((time.time() - wall) - since) < 5:
-            return
-        if not self._ask_server().wait(self.timeout):
-            raise EOFError("the kept link did not answer before the command was sent")
 
     def _issued(self, header: dict[str, Any]) -> bool:
         request = header.get("id")
@@ -201,7 +186,6 @@ class Keeper:
         def probe() -> None:
             self.transport.global_request("keepalive@openssh.com", wait=True)
             if self.transport.is_active():
-                self.heard = (time.monotonic(), time.time())
                 answered.set()
         threading.Thread(target=probe, daemon=True).start()
         return answered
@@ -259,7 +243,6 @@ class Keeper:
                 chan.update_environment(header["env"])
             if op in ("exec", "shell"):
                 request = header.get("id")
-                self._prove_link()
                 if request is not None and (_hung_up(header["client"])
                                             or self._settle(str(request), ISSUED) != ISSUED):
                     # its command asked about it, or went away (a Ctrl-C): never sent
