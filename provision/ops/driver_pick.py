@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -25,6 +26,16 @@ SOURCES = {"ubuntu": "Ubuntu's archive", "debian": "Debian's archive", "elrepo":
 # installation guide, "Kernel Modules": "Starting in the 560 driver release series, the open
 # kernel module flavor is the default and suggested installation").
 OPEN_DEFAULT_FROM = 560
+# The open modules' first branch, production-ready from it for data-center GPUs of Turing and
+# later; GeForce and workstation GPUs ran them only as "alpha quality" behind the module
+# parameter NVreg_OpenRmEnableUnsupportedGpus=1 until R560 ("NVIDIA Releases Open-Source GPU
+# Kernel Modules", NVIDIA technical blog, 2022; open-gpu-kernel-modules README of those
+# branches). Grace Hopper runs only the open modules ("NVIDIA Transitions Fully Towards
+# Open-Source GPU Kernel Modules", 2024): Hopper on an Arm host is open on every branch.
+OPEN_FIRST = 515
+# the product names of GeForce and workstation GPUs (nvidia-smi's and pci.ids' alike:
+# "NVIDIA GeForce RTX 3090", "GA102GL [RTX A6000]", "Quadro RTX 8000", "TITAN RTX")
+_DESKTOP = re.compile(r"GeForce|TITAN|Quadro|\bRTX\b", re.IGNORECASE)
 
 
 class NoDriver(ProvisionError):
@@ -139,16 +150,41 @@ def choose(caps: list[tuple[int, int]], facts: HostFacts) -> Pick:
     prefer = int(table()["prefer"])
     branch = prefer if prefer in fits else max((b for b in fits if b < prefer), default=min(fits))
     open_ = bool(gens) and all(g.open for g in gens) and route != "elrepo" and (
-        branch >= OPEN_DEFAULT_FROM or any(g.open_only for g in gens))
+        branch >= OPEN_DEFAULT_FROM or any(g.open_only for g in gens)
+        or (branch >= OPEN_FIRST and (_data_center(facts) or _grace_hopper(facts, caps))))
     flavour = "open" if open_ else "proprietary"
+    note = ""
+    if open_ and branch < OPEN_DEFAULT_FROM and not any(g.open_only for g in gens):
+        note = (", the only ones Grace Hopper runs" if _grace_hopper(facts, caps) else
+                f", production for data-center GPUs from R{OPEN_FIRST}")
+    elif not open_ and bool(gens) and all(g.open for g in gens) and route != "elrepo":
+        note = (f": before R{OPEN_DEFAULT_FROM} the open ones run GeForce and workstation GPUs "
+                "only as a preview" if any(_DESKTOP.search(n) for n in _gpu_names(facts)) else
+                f": before R{OPEN_DEFAULT_FROM} the open ones are for data-center GPUs, and the "
+                "GPU's product is not named")
     who = f"{names}{by_id}: " if gens else "the GPU's model is unknown to the data: "
-    why = (f"{who}branch {branch} with the {flavour} kernel modules ({source} for {key} has "
-           f"{', '.join(map(str, branches))})")
+    why = (f"{who}branch {branch} with the {flavour} kernel modules{note} ({source} for {key} "
+           f"has {', '.join(map(str, branches))})")
     signed = route == "ubuntu" and bool(facts.secure_boot)
     if signed:
         why += ("; Secure Boot is on: only Canonical's signed prebuilt modules load, and the "
                 "step stops before installing where the archive has none for this kernel")
     return Pick(key, route, branch, open_, first_release(branch), why, signed)
+
+
+def _gpu_names(facts: HostFacts) -> list[str]:
+    return [g.name for g in facts.gpus] or [g.name for g in facts.pci_gpus]
+
+
+def _data_center(facts: HostFacts) -> bool:
+    """Every GPU is named, and none is a GeForce or workstation product (a name pci.ids does not
+    know, "Device [10de:2b85]", is not taken for one)."""
+    names = _gpu_names(facts)
+    return bool(names) and all(n and "Device" not in n and not _DESKTOP.search(n) for n in names)
+
+
+def _grace_hopper(facts: HostFacts, caps: list[tuple[int, int]]) -> bool:
+    return facts.arch == "aarch64" and bool(caps) and all(c[0] == 9 for c in caps)
 
 
 def _refuse_host(facts: HostFacts, route: str, key: str) -> None:
