@@ -421,9 +421,13 @@ def parse_torch_installers(text: str) -> dict[str, tuple[str, ...]]:
 
 
 def parse_secure_boot(text: str) -> bool | None:
-    """``mokutil --sb-state``: "SecureBoot enabled" / "SecureBoot disabled"; else unknown."""
+    """``mokutil --sb-state``: "SecureBoot enabled" / "SecureBoot disabled"; without mokutil the
+    UEFI variable's value byte ("efivar SecureBoot 1"); else unknown."""
     m = re.search(r"SecureBoot (enabled|disabled)", text)
-    return (m.group(1) == "enabled") if m else None
+    if m:
+        return m.group(1) == "enabled"
+    m = re.search(r"^efivar SecureBoot ([01])$", text, re.MULTILINE)
+    return (m.group(1) == "1") if m else None
 
 
 def _sudo_said(uid: str, out: str, rc: int) -> str:
