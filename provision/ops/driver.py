@@ -116,7 +116,8 @@ def hold_step(facts: HostFacts, branch: int) -> Step:
     fam = family(facts)
     body = render("setup/driver_hold.sh.j2", family=fam, branch=str(branch),
                   **wait_context(fam))
-    what = {"apt": f"every installed package of branch {branch}",
+    what = {"apt": f"every installed package of branch {branch}; with prebuilt modules, the "
+                   "kernel's metapackages too",
             "el7": "kmod-nvidia* and nvidia-x11-drv*"}.get(fam, f"*nvidia*{branch}*")
     return as_login(Step("driver-hold", "so unattended upgrades cannot replace the driver under a "
                          "running job", action=f"hold the driver packages ({what})", body=body,

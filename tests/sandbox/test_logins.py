@@ -33,10 +33,12 @@ def test_a_sudo_login_installs_the_driver_through_sudo(hosts: Hosts, gp_home, tm
         r = gpu_provision("-H", info.inventory, "driver", home=gp_home, cwd=tmp_path)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "driver 580.126.20 loaded (CUDA <= 13.0)" in r.stdout
-        assert "hold the driver packages (every installed package of branch 580) (through sudo)" in r.stdout
+        assert ("hold the driver packages (every installed package of branch 580; with prebuilt "
+                "modules, the kernel's metapackages too) (through sudo)") in r.stdout
         calls = [c for c in info.calls() if c["tool"] in ROOT_TOOLS]
-        assert [c["tool"] for c in calls] == ["apt-get", "apt-get", "apt-get", "update-initramfs",
-                                              "modprobe", "reboot", "apt-mark"]
+        # update, the driver packages held (apt-mark showhold), the dry run and the install
+        assert [c["tool"] for c in calls] == ["apt-get", "apt-mark", "apt-get", "apt-get",
+                                              "update-initramfs", "modprobe", "reboot", "apt-mark"]
         assert {c["uid"] for c in calls} == {0}
         assert info.state()["held"] and info.state()["boots"] == 1
         state = info.path("/home/ubuntu/.gpu-provision")

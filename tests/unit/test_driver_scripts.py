@@ -24,10 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from provision.facts.host import HostFacts, parse_facts
+from provision.facts.host import HostFacts, parse_facts, parse_secure_boot
 from provision.facts.osinfo import parse_os_release
-from provision.ops.driver import hold_step, install_step
+from provision.ops.driver import hold_step, install_step, wait_context
 from provision.ops.driver_pick import Pick, choose
+from provision.remote.templating import render
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="runs bash scripts and reads /proc")
 
@@ -35,11 +36,12 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SEP = "\x1f"
 # the tools a driver script may run that only compute: the real ones
 REAL = ("bash", "sed", "grep", "seq", "timeout", "cat", "cp", "mkdir", "rm", "mv", "readlink",
-        "sort", "awk", "tr", "head", "basename", "printf", "tail", "lslocks")
+        "sort", "awk", "tr", "head", "basename", "printf", "tail", "lslocks", "paste", "uniq")
 # where the scripts write: moved under the test's root
-WRITES = ("/etc/", "/var/")
-# (/proc is only read: who holds a lock)
-OUTSIDE = re.compile(r"(?<![\w./:$-])/(usr|lib|lib64|boot|run|opt|root|srv|home|sys)/")
+WRITES = ("/etc/", "/var/", "/usr/src/", "/opt/rh/")
+# (/proc is only read: who holds a lock; kernels' .config under /usr/src and GCC toolsets under
+# /opt/rh are read, from the test's root)
+OUTSIDE = re.compile(r"(?<![\w./:$-])/(usr(?!/src/)|lib|lib64|boot|run|opt(?!/rh/)|root|srv|home|sys)/")
 
 UBUNTU_KERNEL = "5.4.0-216-generic"  # misc/uname-a-ubuntu20.04-5.4.0-216-vm.txt
 EL7_KERNEL = "3.10.0-1160.el7.x86_64"  # misc/uname-a-centos7.9-3.10.0-1160.txt
@@ -154,7 +156,8 @@ def installs(host: Host) -> list[list[str]]:
     """What the script asked the package tools to change, in order."""
     return [c for c in host.calls() if c[0] in ("apt-get", "dnf", "yum", "rpm", "apt-mark",
                                                  "subscription-manager")
-            and not (c[0] == "dnf" and c[1:3] == ["-q", "list"])
+            and not (c[0] == "dnf" and c[1:3] in (["-q", "list"], ["versionlock", "list"]))
+            and not (c[0] == "dnf" and c[1:2] == ["repolist"]) and c[:2] != ["rpm", "-qa"]
             and c[:2] != ["apt-mark", "showhold"]
             and not (c[0] == "yum" and c[1:3] == ["-q", "list"])]
 
@@ -319,7 +322,9 @@ def test_ubuntu_secure_boot_without_prebuilt_modules_is_refused_before_installin
 
 @pytest.mark.parametrize("f,caps,kernel,candidates", [
     (UBUNTU, AMPERE, UBUNTU_KERNEL, {}),
-    (DEBIAN, AMPERE, DEBIAN_KERNEL, {"nvidia-driver": "535.261.03-1"}),
+    (DEBIAN, AMPERE, DEBIAN_KERNEL, dict.fromkeys(
+        ["nvidia-driver", "nvidia-kernel-dkms", "firmware-nvidia-gsp", "nvidia-smi", "libcuda1"],
+        "535.261.03-1")),
 ])
 def test_missing_headers_are_refused_before_installing(
         tmp_path: Path, f: HostFacts, caps: list[tuple[int, int]], kernel: str,
@@ -372,26 +377,51 @@ DEBIAN_SOURCES = "misc/debian12-debian.sources-main-only.txt"
 AREAS = "contrib non-free non-free-firmware"
 
 
-def debian_host(tmp_path: Path, **extra: str) -> Host:
-    """A Debian 12 host whose sources enable main only; apt-cache knows nvidia-driver once
-    non-free is in the sources (as apt knows what its enabled areas list)."""
-    sources = 'grep -q "non-free" "$ROOT/etc/apt/sources.list.d/debian.sources"'
-    cache = (f'[ "$1" = policy ] || exit 0\ncase "$2" in\n'
-             f'  nvidia-driver) {sources} && printf "nvidia-driver:\\n  Candidate: 535.261.03-1\\n";;\n'
+# the archive area each package of the Debian routes is in (packages.debian.org bookworm)
+DEBIAN_AREAS = {"nvidia-driver": "non-free", "nvidia-kernel-dkms": "non-free",
+                "nvidia-smi": "non-free", "libcuda1": "non-free",
+                "nvidia-open-kernel-dkms": "contrib", "firmware-nvidia-gsp": "non-free-firmware",
+                "nvidia-tesla-470-driver": "non-free", "nvidia-tesla-470-kernel-dkms": "non-free",
+                "nvidia-tesla-470-smi": "non-free", "libnvidia-tesla-470-cuda1": "non-free"}
+
+
+def debian_host(tmp_path: Path, sources: str = DEBIAN_SOURCES, **extra: str) -> Host:
+    """A Debian 12 host whose sources enable main only; apt-cache knows a driver package once
+    its archive area is in the sources (as apt knows what its enabled areas list)."""
+    listed = "\n".join(
+        f'  {name}) grep -Eq "^Components:.* {area}( |$)" "$ROOT"/etc/apt/sources.list.d/*.sources '
+        f'&& printf "{name}:\\n  Candidate: 535.261.03-1\\n";;' for name, area in DEBIAN_AREAS.items())
+    cache = (f'[ "$1" = policy ] || exit 0\ncase "$2" in\n{listed}\n'
              f'  linux-headers-{DEBIAN_KERNEL}) printf "  Candidate: 6.1.140-1\\n";;\n'
              f'  *) echo "N: Unable to locate package $2" >&2;;\nesac\nexit 0')
     host = Host(tmp_path, stubs("debian", kernel=DEBIAN_KERNEL, **{"apt-cache": cache, **extra}))
     (host.root / "etc/apt/sources.list.d").mkdir(parents=True, exist_ok=True)
-    shutil.copy(FIXTURES / DEBIAN_SOURCES, host.root / "etc/apt/sources.list.d/debian.sources")
+    shutil.copy(FIXTURES / sources, host.root / "etc/apt/sources.list.d/debian.sources")
     (host.root / "etc/os-release").write_text((FIXTURES / "os-release/debian-12.txt").read_text())
     return host
+
+
+def test_debian_upgraded_from_11_gets_the_firmware_area_too(tmp_path: Path) -> None:
+    """A Debian 12 upgraded from 11 keeps "main contrib non-free": the driver has a candidate,
+    its GSP firmware (non-free-firmware) has none, and that is enough to enable the areas."""
+    host = debian_host(tmp_path)
+    src = host.root / "etc/apt/sources.list.d/debian.sources"
+    src.write_text(src.read_text().replace("Components: main", "Components: main contrib non-free"))
+    r = host.run(step_for(DEBIAN, AMPERE))
+    assert r.returncode == 0, r.stderr
+    assert "no firmware-nvidia-gsp in the configured repositories: enabling" in r.stdout
+    assert "Components: main contrib non-free non-free-firmware" in src.read_text()
+    assert installs(host)[-1] == [*APT, "install", "-y", "-q", "nvidia-driver",
+                                  "nvidia-kernel-dkms", "firmware-nvidia-gsp", "nvidia-smi",
+                                  "libcuda1"]
 
 
 def test_debian_enables_the_archive_areas_the_driver_is_in(tmp_path: Path) -> None:
     host = debian_host(tmp_path)
     r = host.run(step_for(DEBIAN, AMPERE))
     assert r.returncode == 0, r.stderr
-    assert f"no nvidia-driver in the configured repositories: enabling {AREAS} for bookworm" in r.stdout
+    assert (f"no nvidia-driver nvidia-kernel-dkms firmware-nvidia-gsp nvidia-smi libcuda1 in the "
+            f"configured repositories: enabling {AREAS} for bookworm") in r.stdout
     sources = (host.root / "etc/apt/sources.list.d/debian.sources").read_text()
     original = (FIXTURES / DEBIAN_SOURCES).read_text()
     assert sources == original.replace("Components: main", f"Components: main {AREAS}")
@@ -417,7 +447,7 @@ def test_debian_builds_the_driver_for_the_kernel_that_boots_next_too(tmp_path: P
     sources = 'grep -q "non-free" "$ROOT/etc/apt/sources.list.d/debian.sources"'
     for has_headers in (True, False):
         cache = (f'[ "$1" = policy ] || exit 0\ncase "$2" in\n'
-                 f'  nvidia-driver) {sources} && printf "  Candidate: 535.261.03-1\\n";;\n'
+                 f'  nvidia-driver|nvidia-kernel-dkms|firmware-nvidia-gsp|nvidia-smi|libcuda1) {sources} && printf "  Candidate: 535.261.03-1\\n";;\n'
                  f'  linux-headers-{DEBIAN_KERNEL}|linux-headers-cloud-amd64) printf "  Candidate: 6.1.158-1\\n";;\n'
                  + (f'  linux-headers-{newer}) printf "  Candidate: 6.1.158-1\\n";;\n' if has_headers else "")
                  + '  *) echo "N: Unable to locate package $2" >&2;;\nesac\nexit 0')
@@ -441,7 +471,7 @@ def test_debian_debug_symbols_never_boot_and_the_flavour_is_read_on_every_releas
     images = f'printf "linux-image-{kernel} ii \\nlinux-image-{kernel}-dbg ii \\n"'
     sources = 'grep -q "non-free" "$ROOT/etc/apt/sources.list.d/debian.sources"'
     cache = (f'[ "$1" = policy ] || exit 0\ncase "$2" in\n'
-             f'  nvidia-driver) {sources} && printf "  Candidate: 535.261.03-1\\n";;\n'
+             f'  nvidia-driver|nvidia-kernel-dkms|firmware-nvidia-gsp|nvidia-smi|libcuda1) {sources} && printf "  Candidate: 535.261.03-1\\n";;\n'
              f'  linux-headers-{kernel}|linux-headers-cloud-amd64) printf "  Candidate: 1\\n";;\n'
              '  *) echo "N: Unable to locate package $2" >&2;;\nesac\nexit 0')
     host = debian_host(tmp_path, **{"apt-cache": cache, "dpkg-query": images,
@@ -478,7 +508,8 @@ def test_el_builds_the_driver_for_grubbys_default_kernel_too(tmp_path: Path) -> 
 
 def test_debian_kepler_takes_the_tesla_470_driver(tmp_path: Path) -> None:
     host = debian_host(tmp_path, **{"apt-cache": policy({
-        "nvidia-tesla-470-driver": "470.256.02-1~deb12u1",
+        **dict.fromkeys(["nvidia-tesla-470-driver", "nvidia-tesla-470-kernel-dkms",
+                         "nvidia-tesla-470-smi", "libnvidia-tesla-470-cuda1"], "470.256.02-1~deb12u1"),
         f"linux-headers-{DEBIAN_KERNEL}": "6.1.140-1"})})
     r = host.run(step_for(DEBIAN, KEPLER))
     assert r.returncode == 0, r.stderr
@@ -491,7 +522,8 @@ def test_debian_without_the_driver_even_then_is_refused(tmp_path: Path) -> None:
     host = debian_host(tmp_path, **{"apt-cache": policy({})})
     r = host.run(step_for(DEBIAN, AMPERE))
     assert r.returncode == 3
-    assert "nvidia-driver is still not in the configured repositories after enabling" in r.stderr
+    assert ("nvidia-driver nvidia-kernel-dkms firmware-nvidia-gsp nvidia-smi libcuda1 still "
+            "not in the configured repositories after enabling") in r.stderr
     assert [c for c in installs(host) if "install" in c] == []
 
 
@@ -537,6 +569,135 @@ def test_oracle_linux_takes_its_own_epel_and_uek_headers(tmp_path: Path) -> None
     assert ["dnf", "install", "-y", f"kernel-uek-devel-{kernel}", "kernel-headers", "dkms"] in installs(host)
     assert ["dnf", "module", "enable", "-y", "nvidia-driver:580-dkms"] in installs(host)
     assert installs(host)[-1] == ["dnf", "install", "-y", "cuda-drivers"]
+
+
+def _repolist(*ids: str) -> str:
+    """A dnf stub answering `dnf repolist all` with these repository ids (as dnf 4 prints it:
+    a header, then id, name and status columns), and `config-manager --set-enabled` of an id
+    it does not define as dnf does ("No matching repo to modify", exit 1)."""
+    rows = "".join(f"{i:<60} {i} name{' ' * 4}disabled\\n" for i in ids)
+    known = "|".join(ids) or "-"
+    return (f'if [ "$1" = repolist ]; then printf "repo id{" " * 54}repo name    status\\n{rows}"; '
+            'elif [ "$1 $2" = "config-manager --set-enabled" ]; then '
+            f'case "$3" in {known}) ;; *) echo "Error: No matching repo to modify: $3." >&2; exit 1;; esac; '
+            "fi; exit 0")
+
+
+@pytest.mark.parametrize("cloud, crb", [
+    # PerfKitBenchmarker linux_packages (GCP RHEL 9), Azure's RHUI repo file, AWS's
+    ("gcp", "rhui-codeready-builder-for-rhel-9-x86_64-rhui-rpms"),
+    ("azure", "codeready-builder-for-rhel-9-x86_64-rhui-rpms"),
+    ("aws", "codeready-builder-for-rhel-9-rhui-rpms")])
+def test_rhel_on_a_clouds_rhui_enables_the_crb_id_that_cloud_defines(
+        tmp_path: Path, cloud: str, crb: str) -> None:
+    """Pay-as-you-go RHEL is not registered: subscription-manager has nothing, and each cloud's
+    RHUI names CodeReady Builder its own way; the id the host defines is enabled, never the
+    extended-support, beta or debug ones beside it."""
+    listed = ("rhel-9-for-x86_64-baseos-eus-rhui-rpms", crb.replace("rpms", "debug-rpms"),
+              crb.replace("-rhel-9-", "-rhel-9-beta-"), crb, f"{crb.replace('rpms', 'source-rpms')}")
+    host = Host(tmp_path, stubs("el9", kernel=EL9_KERNEL, dnf=_repolist(*listed),
+                                **{"subscription-manager": "exit 1"}))
+    r = host.run(step_for(RHEL9, HOPPER))
+    assert r.returncode == 0, r.stderr
+    assert installs(host)[1] == ["dnf", "config-manager", "--set-enabled", crb]
+    assert not [c for c in host.calls() if c[0] == "subscription-manager"]
+
+
+def test_rhel_without_any_crb_goes_on_and_says_so(tmp_path: Path) -> None:
+    host = Host(tmp_path, stubs("el9", kernel=EL9_KERNEL, dnf=_repolist("rhel-9-baseos-rhui-rpms"),
+                                **{"subscription-manager": "exit 1"}))
+    r = host.run(step_for(RHEL9, HOPPER))
+    assert r.returncode == 0, r.stderr
+    assert "no CodeReady Builder repository is defined on this host" in r.stdout
+    assert not [c for c in installs(host) if c[:3] == ["dnf", "config-manager", "--set-enabled"]]
+    assert installs(host)[-1] == ["dnf", "install", "-y", "nvidia-open"]
+
+
+def test_an_installed_driver_of_another_flavour_is_switched_with_its_locks_released(
+        tmp_path: Path) -> None:
+    """An image with the 550 proprietary driver from NVIDIA's repository and its version locks:
+    the locks of 550 go, the stream is switched as NVIDIA's guide switches flavours (module
+    switch-to --allowerasing) and the install may erase the conflicting kmod."""
+    rpm = ('[ "$1" = -qa ] && printf "kmod-nvidia-latest-dkms-550.163.01\\nnvidia-driver-550.163.01\\n"; '
+           "exit 0")
+    # dnf's own answers on such a host: a plain install conflicts, a plain enable of another
+    # stream is refused
+    dnf = ('[ "$1 $2" = "versionlock list" ] && printf "Last metadata expiration check: 0:01:02 ago.\\n'
+           'kmod-nvidia-latest-dkms-3:550.163.01-1.el9.*\\nnvidia-driver-3:550.163.01-1.el9.*\\n'
+           'nvidia-driver-cuda-3:580.95.05-1.el9.*\\n"; '
+           'case "$*" in "install -y nvidia-open") printf "Error: \\n Problem: package '
+           'kmod-nvidia-open-dkms-3:580.95.05-1.el9.x86_64 from cuda-rhel9-x86_64 conflicts with '
+           'kmod-nvidia-latest-dkms provided by kmod-nvidia-latest-dkms-3:550.163.01-1.el9.x86_64 from '
+           "@System\\n(try to add '--allowerasing' to command line to replace conflicting packages)\\n\" >&2; "
+           'exit 1;; "module enable -y nvidia-driver:580-open") echo "Error: It is not possible to '
+           'switch enabled streams of a module unless explicitly enabled via configuration option '
+           'module_stream_switch." >&2; exit 1;; esac; exit 0')
+    host = Host(tmp_path, stubs("el9", kernel=EL9_KERNEL, rpm=rpm, dnf=dnf))
+    r = host.run(step_for(ROCKY9, HOPPER))
+    assert r.returncode == 0, r.stderr
+    assert installs(host)[-3:] == [
+        ["dnf", "versionlock", "delete", "kmod-nvidia-latest-dkms-3:550.163.01-1.el9.*",
+         "nvidia-driver-3:550.163.01-1.el9.*"],
+        ["dnf", "-y", "module", "switch-to", "nvidia-driver:580-open", "--allowerasing"],
+        ["dnf", "install", "-y", "--allowerasing", "nvidia-open"]]
+    assert "replacing the installed driver packages: kmod-nvidia-latest-dkms-550.163.01" in r.stdout
+
+
+UEK8 = "6.12.0-100.28.2.2.el9uek.x86_64"  # NVIDIA's Oracle Linux page
+UEK8_CC = "gcc (GCC) 14.2.1 20250110 (Red Hat 14.2.1-7)"
+SYSTEM_GCC = "gcc (GCC) 11.5.0 20240719 (Red Hat 11.5.0-5.0.1)"
+OL9 = replace(OL, os=parse_os_release('ID="ol"\nVERSION_ID="9.6"\nID_LIKE="fedora"\n'))
+
+
+def _uek_host(tmp_path: Path, toolset: bool) -> Host:
+    """An Oracle Linux 9 host on UEK 8 as NVIDIA's page shows it: the kernel's .config names GCC
+    14, the system gcc is 11, and gcc-toolset-14's enable script (when present) puts a gcc 14
+    first on PATH."""
+    host = Host(tmp_path, stubs(
+        "el9", kernel=UEK8,
+        gcc=f'if [ -n "${{TOOLSET:-}}" ]; then echo "{UEK8_CC}"; else echo "{SYSTEM_GCC}"; fi',
+        dkms=('[ "$1" = status ] && echo "nvidia/580.95.05, $3, x86_64: installed"; exit 0')))
+    cfg = host.root / f"usr/src/kernels/{UEK8}/.config"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(f'CONFIG_CC_VERSION="x"\nCONFIG_CC_VERSION_TEXT="{UEK8_CC}"\nCONFIG_CC_IS_GCC=y\n')
+    if toolset:
+        enable = host.root / "opt/rh/gcc-toolset-14/enable"
+        enable.parent.mkdir(parents=True)
+        enable.write_text("export TOOLSET=14\n")
+    return host
+
+
+def test_oracle_uek_builds_the_driver_with_the_kernels_gcc_toolset(tmp_path: Path) -> None:
+    host = _uek_host(tmp_path, toolset=True)
+    r = host.run(step_for(OL9, HOPPER))
+    assert r.returncode == 0, r.stderr
+    assert f"kernel {UEK8} was built with {UEK8_CC}, not the system's {SYSTEM_GCC}" in r.stdout
+    dkms = [c for c in host.calls() if c[0] == "dkms" and c[1] != "status"]
+    assert dkms == [["dkms", "build", "--force", "nvidia/580.95.05", "-k", UEK8],
+                    ["dkms", "install", "--force", "nvidia/580.95.05", "-k", UEK8]]
+    # after the driver's own install, which built with the system compiler
+    names = [c[0] for c in host.calls()]
+    assert names.index("dkms") > max(i for i, c in enumerate(host.calls())
+                                     if c[:3] == ["dnf", "install", "-y"] and "nvidia-open" in c)
+
+
+def test_oracle_uek_without_its_toolset_is_refused_before_the_driver(tmp_path: Path) -> None:
+    host = _uek_host(tmp_path, toolset=False)
+    r = host.run(step_for(OL9, HOPPER))
+    assert r.returncode == 3
+    assert f'kernel {UEK8} was built with "{UEK8_CC}"' in r.stderr
+    assert "dnf install gcc-toolset-14" in r.stderr
+    assert not [c for c in installs(host) if "nvidia-open" in c]
+
+
+def test_el_on_the_aarch64_64k_kernel_takes_its_own_devel_package(tmp_path: Path) -> None:
+    kernel = "5.14.0-570.12.1.el9_6.aarch64+64k"
+    f = replace(ROCKY9, arch="aarch64")
+    host = Host(tmp_path, stubs("el9", kernel=kernel, arch="echo aarch64"))
+    r = host.run(step_for(f, HOPPER))
+    assert r.returncode == 0, r.stderr
+    assert ["dnf", "install", "-y", "kernel-64k-devel-5.14.0-570.12.1.el9_6.aarch64",
+            "kernel-headers", "dkms"] in installs(host)
 
 
 def test_el10_locks_the_branch_without_module_streams(tmp_path: Path) -> None:
@@ -708,6 +869,26 @@ def test_apt_hold_takes_every_package_of_the_branch_by_version(tmp_path: Path) -
                                 "nvidia-driver-550-server", "nvidia-firmware-550-server-550.163.01"]
 
 
+def test_apt_hold_on_prebuilt_modules_holds_the_kernel_with_them(tmp_path: Path) -> None:
+    """Canonical's prebuilt modules: the flavour's kernel metapackages are held with the driver,
+    or the next kernel update installs a kernel whose modules the held driver cannot take."""
+    kernel = "6.8.0-45-generic"
+    host = Host(tmp_path, stubs("ubuntu", kernel=kernel, **{"dpkg-query": dpkg_lists(
+        "nvidia-headless-no-dkms-580-server-open 580.95.05-0ubuntu0.24.04.2",
+        "nvidia-utils-580-server 580.95.05-0ubuntu0.24.04.2",
+        "nvidia-kernel-common-580-server 580.95.05-0ubuntu0.24.04.2",
+        f"linux-modules-nvidia-580-server-open-{kernel} 6.8.0-45.45+1",
+        "linux-modules-nvidia-580-server-open-generic 6.8.0-45.45+1",
+        "linux-generic 6.8.0.45.45", "linux-image-generic 6.8.0.45.45",
+        "linux-headers-generic 6.8.0.45.45", "linux-image-6.8.0-45-generic 6.8.0-45.45")}))
+    r = host.run(hold_step(UBUNTU24, 580).body or "")
+    assert r.returncode == 0, r.stderr
+    assert host.calls()[-1] == ["apt-mark", "hold", "nvidia-headless-no-dkms-580-server-open",
+                                "nvidia-kernel-common-580-server", "nvidia-utils-580-server",
+                                "linux-generic", "linux-image-generic", "linux-headers-generic"]
+    assert "holding the kernel's metapackages too" in r.stdout
+
+
 @pytest.mark.parametrize("rows,held", [
     # NVIDIA's repository from 590 on (driver installation guide, "Ubuntu 590 and later packages")
     (("libnvidia-compute 590.48.01-1ubuntu1", "nvidia-dkms-open 590.48.01-1ubuntu1",
@@ -768,3 +949,201 @@ def test_the_scripts_name_no_other_system_path() -> None:
             paths = set(re.findall(r"(?<![\w./:$-])(/[a-z][\w./*-]*)", body or ""))
             assert {p for p in paths if not p.startswith((*WRITES, "/proc/")) and p != "/dev/null"} \
                 == set(), f.os.label
+
+
+# --- Secure Boot without mokutil: the UEFI variable itself ------------------------------------
+
+EFIVAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+
+@pytest.mark.parametrize("value, state", [(1, True), (0, False)])
+def test_secure_boot_is_read_from_the_uefi_variable_without_mokutil(
+        tmp_path: Path, value: int, state: bool) -> None:
+    """An image without mokutil (Debian and Rocky cloud images on Azure Trusted Launch): the
+    facts probe reads the SecureBoot variable's value byte, after its 4 bytes of attributes, from
+    efivarfs (here a tmpfs in a mount namespace of its own, where this machine has no EFI)."""
+    text = (Path(__file__).resolve().parents[2] / "templates/facts/facts.sh.j2").read_text()
+    probe = re.search(r"^early secure_boot '(.*)'$", text, re.MULTILINE)
+    assert probe, "the facts script has a secure_boot probe"
+    bin_ = tmp_path / "bin"  # the computing tools, no mokutil
+    bin_.mkdir()
+    for tool in ("bash", "od", "tr", "printf"):
+        real = shutil.which(tool)
+        assert real
+        (bin_ / tool).symlink_to(real)
+    var = f"/sys/firmware/efi/efivars/{EFIVAR}"
+    setup = (f"mount -t tmpfs none /sys/firmware && mkdir -p /sys/firmware/efi/efivars && "
+             f"printf '\\006\\000\\000\\000\\{value:03o}' > {var} && "
+             f"PATH={bin_} bash -c {shlex.quote(probe.group(1))}")
+    r = subprocess.run(["unshare", "-m", "bash", "-c", setup], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"efivar SecureBoot {value}"
+    assert parse_secure_boot(r.stdout) is state
+    assert parse_secure_boot("SecureBoot disabled\n") is False
+    assert parse_secure_boot("EFI variables are not supported on this system\n") is None
+
+
+# --- the states an image is in before its first apt call --------------------------------------
+
+
+@pytest.mark.parametrize("status, waits", [
+    # cloudinit/cmd/status.py, UXAppStatus
+    ("not run", False), ("running", True), ("done", False), ("error", False),
+    ("degraded done", False), ("degraded running", True), ("disabled", False)])
+def test_cloud_init_is_waited_for_only_while_it_runs(tmp_path: Path, status: str,
+                                                      waits: bool) -> None:
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, **{
+        "cloud-init": f'[ "$2" = --wait ] && exit 0; echo "status: {status}"',
+        "apt-cache": policy({f"linux-headers-{UBUNTU_KERNEL}": "x"})}))
+    r = host.run(step_for(UBUNTU, AMPERE))
+    assert r.returncode == 0, r.stderr
+    waited = ["cloud-init", "status", "--wait"] in host.calls()
+    assert waited is waits
+    assert ("waiting for cloud-init to finish" in r.stdout) is waits
+
+
+def test_an_interrupted_dpkg_is_finished_before_apt_runs(tmp_path: Path) -> None:
+    """An image whose dpkg was interrupted (a file in /var/lib/dpkg/updates/): every apt call
+    would fail until `dpkg --configure -a`, which runs first."""
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, dpkg="", **{
+        "apt-cache": policy({f"linux-headers-{UBUNTU_KERNEL}": "x"})}))
+    (host.root / "var/lib/dpkg/updates").mkdir(parents=True)
+    (host.root / "var/lib/dpkg/updates/0003").write_text("Package: libc6\n")
+    r = host.run(step_for(UBUNTU, AMPERE))
+    assert r.returncode == 0, r.stderr
+    names = [c[:2] for c in host.calls("uname", "cloud-init")]
+    assert names.index(["dpkg", "--configure"]) < names.index(["apt-get", "-o"])
+    assert "dpkg was interrupted on this image" in r.stdout
+
+
+def test_a_clean_dpkg_is_left_alone(tmp_path: Path) -> None:
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, dpkg="", **{
+        "apt-cache": policy({f"linux-headers-{UBUNTU_KERNEL}": "x"})}))
+    (host.root / "var/lib/dpkg/updates").mkdir(parents=True)
+    r = host.run(step_for(UBUNTU, AMPERE))
+    assert r.returncode == 0, r.stderr
+    assert not [c for c in host.calls() if c[0] == "dpkg"]
+
+
+def test_a_dkms_build_failing_inside_apt_shows_its_make_log(tmp_path: Path) -> None:
+    """nvidia-dkms' postinst fails, apt exits 100 and `set -e` ends the step: the build's own
+    log is shown, not only apt's last line."""
+    log = "var/lib/dkms/nvidia/550.163.01/build/make.log"
+    fail = (f'case "$*" in *nvidia-driver-550-server*) mkdir -p "$ROOT/{Path(log).parent}"; '
+            f'printf "cc1: error: unrecognized command-line option\\n" > "$ROOT/{log}"; '
+            'echo "E: Sub-process /usr/bin/dpkg returned an error code (1)" >&2; exit 100;; esac')
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, **{
+        "apt-get": fail, "apt-cache": policy({f"linux-headers-{UBUNTU_KERNEL}": "x"})}))
+    r = host.run(step_for(UBUNTU, AMPERE))
+    assert r.returncode == 100
+    assert "cc1: error: unrecognized command-line option" in r.stderr
+    assert f"{host.root}/{log}:" in r.stderr
+
+
+def test_held_packages_of_another_branch_are_let_go_only_to_install(tmp_path: Path) -> None:
+    """The image held its 535 driver: apt would refuse to change held packages (exit 100). They
+    are let go right before the install, after every refusal (the hold step holds the new
+    branch); a refusal leaves them held."""
+    held = 'printf "libnvidia-compute-535-server\\nnvidia-driver-535-server\\nopenssl\\n"'
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, **{
+        "apt-mark": f'[ "$1" = showhold ] && {held}; exit 0',
+        "apt-cache": policy({f"linux-headers-{UBUNTU_KERNEL}": "x"})}))
+    r = host.run(step_for(UBUNTU, AMPERE))
+    assert r.returncode == 0, r.stderr
+    changes = installs(host)
+    unhold = ["apt-mark", "unhold", "libnvidia-compute-535-server", "nvidia-driver-535-server"]
+    assert changes.index(unhold) == changes.index(
+        [*APT, "install", "-y", "-q", f"linux-headers-{UBUNTU_KERNEL}"]) - 1
+    refused = Host(tmp_path / "refused", stubs("ubuntu", kernel=UBUNTU_KERNEL, **{
+        "apt-mark": f'[ "$1" = showhold ] && {held}; exit 0', "apt-cache": policy({})}))
+    assert refused.run(step_for(UBUNTU, AMPERE)).returncode == 3
+    assert not [c for c in refused.calls() if c[:2] == ["apt-mark", "unhold"]]
+
+
+@pytest.mark.parametrize("kernel, installed, flavour", [
+    # a jammy host on the 5.15 AWS kernel: linux-image-aws-lts-22.04, not the rolling linux-aws
+    ("5.15.0-1072-aws", ("linux-image-aws 6.8.0.1021.21~22.04.1 rc",
+                         "linux-image-aws-lts-22.04 5.15.0.1072.72 ii"), "aws-lts-22.04"),
+    # HWE on jammy: the 6.8 generic kernel is linux-image-generic-hwe-22.04's
+    ("6.8.0-45-generic", ("linux-image-generic 5.15.0.122.122 ii",
+                          "linux-image-generic-hwe-22.04 6.8.0.45.45~22.04.27 ii"),
+     "generic-hwe-22.04"),
+    ("5.15.0-122-generic", ("linux-image-generic 5.15.0.122.122 ii",
+                            "linux-image-generic-hwe-22.04 6.8.0.45.45~22.04.27 un"), "generic")])
+def test_ubuntu_takes_the_flavour_of_the_installed_kernel_metapackage(
+        tmp_path: Path, kernel: str, installed: tuple[str, ...], flavour: str) -> None:
+    """As ubuntu-drivers does (detect.py, get_linux_modules_metapackage): the flavour is the
+    installed linux-image metapackage's whose version is the running kernel's series, only
+    packages dpkg has installed ("ii")."""
+    rows = "printf '%s\\n' " + " ".join(f"'{r}'" for r in installed)
+    host = Host(tmp_path, stubs("ubuntu", kernel=kernel, **{
+        "dpkg-query": f'case "$*" in *linux-image-[a-z]*) {rows};; esac; exit 0',
+        "apt-cache": policy({f"linux-headers-{kernel}": "x", f"linux-headers-{flavour}": "x"})}))
+    r = host.run(step_for(UBUNTU24, AMPERE))
+    assert r.returncode == 0, r.stderr
+    assert [*APT, "install", "-y", "-q", f"linux-headers-{kernel}",
+            f"linux-headers-{flavour}"] in installs(host)
+
+
+# --- the fabric manager on apt: the driver's origin, its holds, multiverse ---------------------
+
+FM_580 = "580.95.05"
+
+
+def _fabric_body() -> str:
+    return render("setup/fabricmanager.sh.j2", family="apt", driver=FM_580, install=True, wait=4,
+                  packages=["nvidia-fabricmanager", "nvidia-fabricmanager-580"],
+                  **wait_context("apt"))
+
+
+def _fabric_host(tmp_path: Path, madison: dict[str, list[str]], apt_get: str = "") -> Host:
+    """A Ubuntu host whose driver came from Ubuntu's archive (its revision -0ubuntu0.24.04.2),
+    with NVIDIA's repository configured beside it: apt-cache madison lists both origins."""
+    cases = "".join(f'  {n}) printf "%s\\n" ' + " ".join(f"'{n} | {v} | http://x noble/main amd64 Packages'"
+                                                         for v in vs) + ";;\n"
+                    for n, vs in madison.items())
+    return Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, **{
+        "dpkg-query": dpkg_lists(f"libnvidia-compute-580-server {FM_580}-0ubuntu0.24.04.2",
+                                 f"nvidia-kernel-common-580-server {FM_580}-0ubuntu0.24.04.2"),
+        "apt-cache": f'[ "$1" = madison ] || exit 0\ncase "$2" in\n{cases}esac\nexit 0',
+        "apt-get": apt_get,
+        "nv-fabricmanager": f'echo "Fabric Manager version is : {FM_580}"',
+        "systemctl": 'echo active', "nvidia-smi": 'echo Completed'}))
+
+
+def test_the_fabric_manager_of_the_drivers_own_origin_comes_first(tmp_path: Path) -> None:
+    """NVIDIA's real nvidia-fabricmanager (from R580) is tried first by name, but the driver came
+    from Ubuntu's archive: Ubuntu's nvidia-fabricmanager-580 of the same revision is taken."""
+    host = _fabric_host(tmp_path, {
+        "nvidia-fabricmanager": [f"{FM_580}-1"],
+        "nvidia-fabricmanager-580": [f"{FM_580}-0ubuntu0.24.04.2", f"{FM_580}-1"]})
+    r = host.run(_fabric_body())
+    assert r.returncode == 0, r.stderr
+    asked = [c for c in installs(host) if "install" in c]
+    want = f"nvidia-fabricmanager-580={FM_580}-0ubuntu0.24.04.2"
+    assert asked == [[*APT, "install", "-s", "-y", "-q", "--allow-downgrades", want],
+                     [*APT, "install", "-y", "-q", "--allow-downgrades", want]]
+    assert not [c for c in host.calls() if "--allow-change-held-packages" in c]
+
+
+def test_a_fabric_manager_that_would_move_the_held_driver_is_refused(tmp_path: Path) -> None:
+    """apt's own answer when the package needs the held driver libraries changed (exit 100):
+    nothing is installed, and the refusal says why."""
+    held = ('[ "$3" = install ] && case "$*" in *" -s "*) '
+            'echo "E: Held packages were changed and -y was used without '
+            '--allow-change-held-packages." >&2; exit 100;; esac; exit 0')
+    host = _fabric_host(tmp_path, {"nvidia-fabricmanager": [f"{FM_580}-1"]}, apt_get=held)
+    r = host.run(_fabric_body())
+    assert r.returncode == 6
+    assert "E: Held packages were changed" in r.stderr
+    assert "cannot go beside the installed driver" in r.stderr
+    assert [c for c in installs(host) if "install" in c and "-s" not in c] == []
+
+
+def test_no_fabric_manager_of_the_drivers_version_names_multiverse(tmp_path: Path) -> None:
+    host = _fabric_host(tmp_path, {"nvidia-fabricmanager": ["570.195.03-1"]})
+    r = host.run(_fabric_body())
+    assert r.returncode == 6
+    assert "nvidia-fabricmanager: 570.195.03-1" in r.stderr
+    assert "in multiverse (add-apt-repository multiverse" in r.stderr
