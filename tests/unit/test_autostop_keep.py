@@ -254,6 +254,28 @@ def test_notify_carries_the_job_and_masks_pushed_values(tmp_path: Path) -> None:
     assert "target 1 (command: exit 0)" in (st / "notify.log").read_text()
 
 
+def test_notify_masks_the_platforms_own_keys_too(tmp_path: Path) -> None:
+    """Keys the platform put in the environment (RunPod's pod-scoped RUNPOD_API_KEY, vast.ai's
+    CONTAINER_API_KEY), not pushed by us: a failed stop's answer that repeats one, or a job that
+    prints its environment, must not carry it to the webhook."""
+    st = tmp_path / ".gpu-provision"
+    jd = st / "jobs" / "train-1"
+    jd.mkdir(parents=True)
+    (jd / "name").write_text("train\n")
+    (jd / "log").write_text("CONTAINER_API_KEY=c0ffee0123456789abcdef\nstep 9\n")
+    got = tmp_path / "got.txt"
+    (st / "notify.sh").write_text(notify.script([f"command:cat > {quote(str(got))}"], "pod"))
+    env = {**os.environ, "HOME": str(tmp_path), "RUNPOD_API_KEY": "rpa_ABCDEF0123456789XYZ",
+           "CONTAINER_API_KEY": "c0ffee0123456789abcdef", "RUNPOD_POD_ID": "abc123xyz9"}
+    subprocess.run(["bash", str(st / "notify.sh"), "autostop", "failed",
+                    'stop: HTTP 401 {"error": "bad key rpa_ABCDEF0123456789XYZ"}', str(jd), "1"],
+                   env=env, check=True)
+    text = got.read_text()
+    assert "rpa_ABCDEF0123456789XYZ" not in text and 'bad key ***"' in text
+    assert "c0ffee0123456789abcdef" not in text and "CONTAINER_API_KEY=***" in text
+    assert "step 9" in text  # the rest of the log's tail is kept
+
+
 @pytest.mark.parametrize("bad", ["ftp://x", "mailto:nobody", "command:", "ntfy:topic"])
 def test_bad_notify_targets(bad: str) -> None:
     with pytest.raises(ProvisionError, match="notify: "):
