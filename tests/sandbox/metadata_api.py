@@ -36,6 +36,9 @@ class MetadataApi:
         self.calls: list[tuple[str, str, dict[str, str]]] = []
         self.violations: list[str] = []
         self.at = 0.0
+        # seconds a held GCP answer comes after the change: the guest's shutdown (an ACPI soft
+        # off, sent with the notice) can begin before the watcher's read returns
+        self.late = 0.0
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -93,6 +96,8 @@ class MetadataApi:
                 if path == "/computeMetadata/v1/instance/preempted":
                     if "wait_for_change=true" in query:
                         api.preempted.wait(20)
+                        if api.preempted.is_set() and api.late:
+                            time.sleep(api.late)
                     return self._send(200, "TRUE" if api.preempted.is_set() else "FALSE")
                 self._send(404, "")
 

@@ -435,6 +435,47 @@ def test_a_preemption_notice_interrupts_our_job_which_checkpoints(
         md.close()
 
 
+def test_a_gcp_preemption_whose_shutdown_comes_first_still_lets_our_job_checkpoint(
+        host: harness.HostInfo, gp_home: Path, tmp_path: Path) -> None:
+    """On GCP the notice is an ACPI soft off: the guest's shutdown starts with it, and systemd's
+    TERM reaches the watchdog (here: its whole process group, as a control-group kill does)
+    before the watcher's held read returns. The watchdog asks once more, sends our job its
+    SIGINT, waits for it to end, and only then lets the shutdown go on."""
+    md = MetadataApi()
+    try:
+        train = ("import signal, time\n"
+                 "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                 "try:\n    while True: time.sleep(0.1)\n"
+                 "except KeyboardInterrupt:\n"
+                 "    time.sleep(2)\n"  # a checkpoint takes a while
+                 "    open('/root/ckpt-acpi.txt', 'w').write('step 999\\n')\n")
+        job(host, "train", f"exec python3 -c {shlex.quote(train)}")
+        r = gpu_provision("-H", host.inventory, "autostop", "--action", "none", "--idle", "1h",
+                          "--interval", "30s", "--preemption", "gcp",
+                          "--metadata-address", md.address, "--json", home=gp_home, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        where = json.loads(r.stdout)["dir"]
+        harness.wait_until(lambda: md.calls, "the watcher's first read", timeout=30)
+        pid = ssh(host, f"cat {shlex.quote(where)}/pid")[1].strip()
+        assert pid.isdigit()
+        md.late = 20
+        md.preempt()
+        code, out = ssh(host, f"kill -TERM -- -{pid}")
+        assert code == 0, out
+        harness.wait_until(lambda: ssh(host, "cat /root/ckpt-acpi.txt")[1] == "step 999\n",
+                           "the job's checkpoint", timeout=30)
+        harness.wait_until(lambda: ssh(host, f"kill -0 {pid}")[0] != 0,
+                           "the watchdog's end once the job ended", timeout=30)
+        text = log(host, where)
+        assert "preemption notice: GCP preemption" in text
+        assert "SIGINT sent to our jobs: train" in text
+        assert "the machine is going down (preemption): our jobs ended" in text
+        # nothing of the watchdog lives on holding its lock
+        assert ssh(host, f"flock -n {shlex.quote(where)}/lock true")[0] == 0
+    finally:
+        md.close()
+
+
 def test_the_spend_cap_warns_then_stops_a_busy_machine(host: harness.HostInfo, gp_home: Path,
                                                        tmp_path: Path) -> None:
     # since when the machine bills: the later of the kernel's boot and PID 1's start
