@@ -1,5 +1,8 @@
-# make test: venv + package with its test extra + system packages the sandbox needs, then the suite.
-# make demo: a CPU-only sandbox host and the local mirror, the main job against it, then cleanup.
+# make setup: venv + package with its test extra + system packages the sandbox needs.
+# make test: setup, the lint, the docs site (strict), then the suite.
+# make docs: the docs site into build/site (strict).
+# make demo: a CPU-only sandbox host and a mirror of its own, the main job against it, then it
+#            stops what it started.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +15,7 @@ TEST_WORKERS ?= 3
 # faster transport, on both ends of the sandbox link), sudo (the hosts' logins that are not root).
 SYSTEM_PACKAGES := openssh-server python3-venv curl iproute2 util-linux chromium rsync sudo
 
-.PHONY: test lint demo system-deps clean
+.PHONY: test lint demo docs setup system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +46,15 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy templates/gpu/*.py
 
-test: $(VENV)/.installed system-deps lint
+# the venv with the package (editable, its test and dev extras) and the system packages
+setup: $(VENV)/.installed system-deps
+
+# the documentation site, strict: a broken link or anchor, or a page left out of mkdocs.yml's
+# nav, fails (the command reference is generated from the tasks' own help)
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: $(VENV)/.installed system-deps lint docs
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 demo: $(VENV)/.installed system-deps

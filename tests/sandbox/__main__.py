@@ -35,9 +35,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"try       fab -H {info.inventory} facts")
     elif a.cmd == "stop":
         if a.all:
+            ids = [info.id for info in harness.running()]
             harness.stop_all()
+            print(f"stopped {', '.join(ids) if ids else 'no host'} and the mirror "
+                  f"({harness.sandbox_dir()})")
         elif a.id:
             harness.stop(a.id)
+            print(f"stopped {a.id}")
         else:
             ap.error("stop needs an id or --all")
     elif a.cmd == "list":

@@ -19,7 +19,14 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = (["facts"], ["plan"], ["bootstrap"])
 
 
+# the demo's own sandbox: the hosts and the mirror a user started (in $GPU_SANDBOX_DIR, by
+# default /tmp/gpu-sandbox) are left alone, and only what the demo started is stopped
+DEMO_DIR = "/tmp/gpu-sandbox-demo"
+
+
 def main() -> int:
+    yours = harness.sandbox_dir()
+    os.environ["GPU_SANDBOX_DIR"] = DEMO_DIR
     problem = harness.why_unavailable()
     if problem:
         print(f"demo needs the sandbox: {problem}", file=sys.stderr)
@@ -28,7 +35,12 @@ def main() -> int:
     try:
         return run(info, STEPS)
     finally:
-        harness.stop_all()
+        from . import mirror
+        harness.stop(info.id)
+        mirror.stop()
+        print(f"\nstopped the demo's host {info.id} and its mirror ({DEMO_DIR}); sandbox hosts of "
+              f"yours in {yours} are left as they were. To keep a host to try things on: "
+              ".venv/bin/python -m tests.sandbox start cpu-only (README: Try it)")
 
 
 def run(info: harness.HostInfo, steps: Sequence[list[str]]) -> int:
@@ -46,9 +58,8 @@ def run(info: harness.HostInfo, steps: Sequence[list[str]]) -> int:
         if r.returncode != 0:
             print(f"demo: {' '.join(step)} exited {r.returncode}")
             return r.returncode
-    print(f"\n{len(info.sessions())} remote executions in all; run it again and bootstrap "
-          "changes nothing in one (validation is redone once something it checks changes, "
-          "or with `validate`).")
+    print(f"\n{len(info.sessions())} remote executions in all. On a host of your own, a second "
+          "bootstrap changes nothing, in one remote execution.")
     return 0
 
 if __name__ == "__main__":

@@ -539,6 +539,26 @@ def test_demo_runs_again_over_the_pin_its_last_run_left(box: tuple[harness.HostI
     assert demo.run(info, [["facts"]]) == 0, capfd.readouterr()
 
 
+def test_make_demo_leaves_the_users_sandbox_host_running(box: tuple[harness.HostInfo, str],
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capfd: pytest.CaptureFixture[str]) -> None:
+    """`make demo` beside a sandbox host the user started: the demo runs on a host and a mirror of
+    its own, stops only those, and says so; the user's host still answers."""
+    from tests.sandbox import demo
+    info, _ = box
+    yours = str(harness.sandbox_dir())
+    monkeypatch.setenv("GPU_SANDBOX_DIR", yours)  # the demo sets its own: put back after
+    monkeypatch.setattr(demo, "STEPS", (["facts"],))
+    assert demo.main() == 0, capfd.readouterr()
+    out = capfd.readouterr().out
+    assert f"stopped the demo's host cpu-only-1 and its mirror ({demo.DEMO_DIR})" in out
+    monkeypatch.setenv("GPU_SANDBOX_DIR", yours)
+    assert info.id in [h.id for h in harness.running()]
+    with socket.create_connection((info.host, info.port), timeout=5) as c:  # its sshd answers
+        assert c.recv(64).startswith(b"SSH-2.0-")
+    assert not list((Path(demo.DEMO_DIR) / "hosts").glob("*"))
+
+
 def test_read_only_tasks_write_no_run_folder(box: tuple[harness.HostInfo, str], gp_home: Path,
                                              tmp_path: Path) -> None:
     """Logs and reports go to one folder of ours (here $GPU_PROVISION_HOME, as the default rule

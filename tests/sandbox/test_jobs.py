@@ -164,7 +164,7 @@ def test_run_without_a_command_runs_the_recipes_job(trained: harness.HostInfo, g
     assert (r.returncode, r.stdout) == (0, "from the recipe\n")
     (tmp_path / "recipes" / "plain.yaml").write_text('python: "3.11"\n')
     r = gp("-H", trained.inventory_with(tmp_path / "p.yaml", recipe="plain"), "run")
-    assert r.returncode == 2  # a command line that cannot work, as the README's exit codes say
+    assert r.returncode == 2  # a command line that cannot work, as docs/commands.md's exit codes say
     assert "no command: give one after -- (gpu-provision -H HOST run -- python train.py), or " \
         "set job: [python, train.py] in recipe 'plain'" in r.stderr
 

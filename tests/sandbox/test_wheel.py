@@ -92,7 +92,7 @@ def test_installed_wheel_runs_from_any_folder(installed: Installed, hosts: Hosts
 
         # the default install has no pytest: verify says the one line that adds it, which works
         v = installed.run("-H", inv, "verify")
-        assert v.returncode == 2  # an extra that is not installed: exit 2, as the README says
+        assert v.returncode == 2  # an extra that is not installed: exit 2, as docs/commands.md says
         assert "error: pytest and testinfra are not installed (the 'verify' extra); install " \
             "with: " in v.stderr
         line = v.stderr.split("install with: ", 1)[1].strip()

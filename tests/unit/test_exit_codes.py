@@ -1,4 +1,4 @@
-"""The exit codes as the README's "Exit codes" says them, for the tasks as a user types them, each
+"""The exit codes as the command line's page (docs/commands.md, "Exit codes") says them, for the tasks as a user types them, each
 failure said in one line, once: 2 for a command line that cannot work (an unknown task or
 option, a bad value, a missing -H or argument, an extra not installed) and for nothing that
 fits; 1 for a task that ran and found a failure (an SSH failure, a bad inventory). Nothing here
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+COMMANDS = (ROOT / "docs" / "commands.md").read_text()
 
 # (argv, exit code, the one error line's start)
 TABLE = [
@@ -66,8 +66,8 @@ def _run(argv: list[str], where: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-def test_the_readme_says_the_codes() -> None:
-    said = " ".join(README.split())
+def test_the_docs_say_the_codes() -> None:
+    said = " ".join(COMMANDS.split())
     for words in ("0 done; 1 the task ran and found a failure", "2 the command line cannot work",
                   "a blocked plan", "an extra that is not installed", "130 interrupted"):
         assert words in said, words

@@ -54,7 +54,7 @@ def without(modules: list[str], *argv: str, cwd: Path) -> subprocess.CompletedPr
 def test_verify_task_without_its_extra(tmp_path: Path) -> None:
     # port 9 on loopback: nothing listens, and nothing may try: the check comes first
     r = without(["pytest", "testinfra"], "-H", "root@127.0.0.1:9", "verify", cwd=tmp_path)
-    assert r.returncode == 2  # this install cannot run the task (README: exit codes)
+    assert r.returncode == 2  # this install cannot run the task (docs/commands.md: exit codes)
     assert r.stderr.strip() == ("error: pytest and testinfra are not installed (the 'verify' "
                                 f"extra); install with: {sys.executable} -m pip install "
                                 "'gpu-provision[verify]'")
