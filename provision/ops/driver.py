@@ -78,6 +78,8 @@ def install_step(facts: HostFacts, pick: Pick, action: str, reason: str,
                                                    open="-open" if pick.open else ""),
         "packages": [] if pick.route == "ubuntu" else packages(pick),
         "components": route.get("components", []),
+        # where the release's archive cannot serve: said in a refusal the host finds
+        "otherwise": str(table()["releases"].get(pick.release, {}).get("otherwise", "")),
         "stream": f"{pick.branch}-{'open' if pick.open else 'dkms'}",
         "cuda_repo": "",
         **wait_context(family(facts), wait_limit)}

@@ -36,6 +36,16 @@ OPEN_FIRST = 515
 # the product names of GeForce and workstation GPUs (nvidia-smi's and pci.ids' alike:
 # "NVIDIA GeForce RTX 3090", "GA102GL [RTX A6000]", "Quadro RTX 8000", "TITAN RTX")
 _DESKTOP = re.compile(r"GeForce|TITAN|Quadro|\bRTX\b", re.IGNORECASE)
+# Data-center products by name, an allow list (workstation cards such as T1000, T600 or T400
+# and mining cards name no series that tells them apart): the open modules' first supported
+# list (R515: T4, T4G, A2, A10, A10G, A16, A30, A40, A100) and the data-center GPUs after it
+# (A800, H100, H800, H20, H200, GH200, L4, L20, L40, L40S); nvidia-smi's "NVIDIA A100-SXM4-80GB"
+# and pci.ids' "GA100 [A100 SXM4 80GB]" alike
+_DATA_CENTER = re.compile(r"\b(Tesla|T4G?|A2|A10G?|A16|A30|A40|A100|A800|H100|H800|H20|H200|"
+                          r"GH200|L4|L20|L40S?)\b")
+# GH100's PCI device ids (H100 2330.., H800 2324, H200 2335, GH200 2342: pci-ids.ucw.cz): a
+# Grace Hopper whose pci.ids is older than it shows only "Device [10de:2342]"
+_GH100_IDS = range(0x2300, 0x2400)
 
 
 class NoDriver(ProvisionError):
@@ -149,19 +159,35 @@ def choose(caps: list[tuple[int, int]], facts: HostFacts) -> Pick:
                        f"and {names}{by_id} needs a branch {need}: {row['otherwise']}")
     prefer = int(table()["prefer"])
     branch = prefer if prefer in fits else max((b for b in fits if b < prefer), default=min(fits))
+    # a release whose archive's open module package does not install beside its driver (the
+    # table says why) runs the open modules only where the GPUs run nothing else
+    early = bool(row.get("open_before_560", True))
+    grace = _grace_hopper(facts, caps)
+    if grace and branch < OPEN_DEFAULT_FROM and not early:
+        raise NoDriver(f"Grace Hopper runs only the open kernel modules, and {source} for {key} "
+                       f"cannot install them: {row.get('open_before_560_why', '')}; "
+                       f"{row['otherwise']}")
     open_ = bool(gens) and all(g.open for g in gens) and route != "elrepo" and (
         branch >= OPEN_DEFAULT_FROM or any(g.open_only for g in gens)
-        or (branch >= OPEN_FIRST and (_data_center(facts) or _grace_hopper(facts, caps))))
+        or (branch >= OPEN_FIRST and early and (_data_center(facts) or grace)))
     flavour = "open" if open_ else "proprietary"
     note = ""
     if open_ and branch < OPEN_DEFAULT_FROM and not any(g.open_only for g in gens):
-        note = (", the only ones Grace Hopper runs" if _grace_hopper(facts, caps) else
+        note = (", the only ones Grace Hopper runs" if grace else
                 f", production for data-center GPUs from R{OPEN_FIRST}")
     elif not open_ and bool(gens) and all(g.open for g in gens) and route != "elrepo":
-        note = (f": before R{OPEN_DEFAULT_FROM} the open ones run GeForce and workstation GPUs "
-                "only as a preview" if any(_DESKTOP.search(n) for n in _gpu_names(facts)) else
-                f": before R{OPEN_DEFAULT_FROM} the open ones are for data-center GPUs, and the "
-                "GPU's product is not named")
+        gpu_names = _gpu_names(facts)
+        if any(_DESKTOP.search(n) for n in gpu_names):
+            note = (f": before R{OPEN_DEFAULT_FROM} the open ones run GeForce and workstation "
+                    "GPUs only as a preview")
+        elif any("Device" in n or not n for n in gpu_names) or not gpu_names:
+            note = (f": before R{OPEN_DEFAULT_FROM} the open ones are for data-center GPUs, and "
+                    "the GPU's product is not named")
+        else:
+            note = (f": before R{OPEN_DEFAULT_FROM} the open ones are for data-center GPUs (T4, "
+                    "A10, A100, H100, L40S, ...), which this one is not")
+        if not early and _data_center(facts):
+            note = f": {row.get('open_before_560_why', '')}"
     who = f"{names}{by_id}: " if gens else "the GPU's model is unknown to the data: "
     why = (f"{who}branch {branch} with the {flavour} kernel modules{note} ({source} for {key} "
            f"has {', '.join(map(str, branches))})")
@@ -177,14 +203,21 @@ def _gpu_names(facts: HostFacts) -> list[str]:
 
 
 def _data_center(facts: HostFacts) -> bool:
-    """Every GPU is named, and none is a GeForce or workstation product (a name pci.ids does not
-    know, "Device [10de:2b85]", is not taken for one)."""
+    """Every GPU is a data-center product by its name (a name pci.ids does not know, "Device
+    [10de:2b85]", is not taken for one)."""
     names = _gpu_names(facts)
-    return bool(names) and all(n and "Device" not in n and not _DESKTOP.search(n) for n in names)
+    return bool(names) and all(_DATA_CENTER.search(n) and not _DESKTOP.search(n) for n in names)
 
 
 def _grace_hopper(facts: HostFacts, caps: list[tuple[int, int]]) -> bool:
-    return facts.arch == "aarch64" and bool(caps) and all(c[0] == 9 for c in caps)
+    """Hopper on an Arm host: by compute capability, or by GH100's PCI ids where the GPU is not
+    named."""
+    if facts.arch != "aarch64":
+        return False
+    if caps:
+        return all(c[0] == 9 for c in caps)
+    ids = [g.device_id for g in facts.pci_gpus if g.device_id]
+    return bool(ids) and all(int(i, 16) in _GH100_IDS for i in ids)
 
 
 def _refuse_host(facts: HostFacts, route: str, key: str) -> None:

@@ -31,10 +31,10 @@ HELD_550 = ["libnvidia-cfg1-550-server", "libnvidia-common-550-server",
 
 
 def changes(info: harness.HostInfo, tools: tuple[str, ...]) -> list[tuple[str, list[str]]]:
-    """What these tools were asked to change, in order (`apt-mark showhold`, `dnf versionlock
-    list` and `dnf repolist` only read)."""
+    """What these tools were asked to change, in order (`apt-mark showhold`, apt's dry runs,
+    `dnf versionlock list` and `dnf repolist` only read)."""
     return [(c["tool"], c["argv"]) for c in info.calls()
-            if c["tool"] in tools and c["argv"] != ["showhold"]
+            if c["tool"] in tools and c["argv"] != ["showhold"] and "-s" not in c["argv"]
             and c["argv"][:2] != ["versionlock", "list"] and c["argv"][:1] != ["repolist"]]
 
 

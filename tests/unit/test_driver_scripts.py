@@ -36,7 +36,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SEP = "\x1f"
 # the tools a driver script may run that only compute: the real ones
 REAL = ("bash", "sed", "grep", "seq", "timeout", "cat", "cp", "mkdir", "rm", "mv", "readlink",
-        "sort", "awk", "tr", "head", "basename", "printf", "tail", "lslocks", "paste", "uniq")
+        "sort", "awk", "tr", "head", "basename", "printf", "tail", "lslocks", "paste", "uniq", "mktemp")
 # where the scripts write: moved under the test's root
 WRITES = ("/etc/", "/var/", "/usr/src/", "/opt/rh/")
 # (/proc is only read: who holds a lock; kernels' .config under /usr/src and GCC toolsets under
@@ -135,11 +135,14 @@ def stubs(family: str, *, kernel: str, module_loads: bool = True, **extra: str) 
     return {**common, **per, **extra}
 
 
-def policy(candidates: dict[str, str]) -> str:
+def policy(candidates: dict[str, str], archive_drivers: bool = True) -> str:
     """An apt-cache stub answering `apt-cache policy NAME` as apt 2.x prints it: the candidate
     version of a name the repositories have, "(none)" for one they know but cannot install,
     nothing at all for a name no repository knows ("N: Unable to locate package" is apt's
-    stderr, and the exit status 0)."""
+    stderr, and the exit status 0). Ubuntu's driver metapackages (nvidia-driver-550-server...)
+    are there unless ``archive_drivers`` is False."""
+    if archive_drivers:
+        candidates = {**candidates, "nvidia-driver-[0-9]*": "550.163.01-0ubuntu0.20.04.1"}
     cases = "".join(f'  {name}) printf "%s:\\n  Installed: (none)\\n  Candidate: %s\\n" "$2" '
                     f'{version};;\n' for name, version in candidates.items())
     return (f'[ "$1" = policy ] || exit 0\ncase "$2" in\n{cases}'
@@ -158,6 +161,7 @@ def installs(host: Host) -> list[list[str]]:
                                                  "subscription-manager")
             and not (c[0] == "dnf" and c[1:3] in (["-q", "list"], ["versionlock", "list"]))
             and not (c[0] == "dnf" and c[1:2] == ["repolist"]) and c[:2] != ["rpm", "-qa"]
+            and "--assumeno" not in c
             and c[:2] != ["apt-mark", "showhold"]
             and not (c[0] == "yum" and c[1:3] == ["-q", "list"])]
 
@@ -426,11 +430,12 @@ def test_debian_enables_the_archive_areas_the_driver_is_in(tmp_path: Path) -> No
     original = (FIXTURES / DEBIAN_SOURCES).read_text()
     assert sources == original.replace("Components: main", f"Components: main {AREAS}")
     assert (host.root / "var/backups/debian.sources.before-gpu-provision").read_text() == original
+    driver = ["nvidia-driver", "nvidia-kernel-dkms", "firmware-nvidia-gsp", "nvidia-smi", "libcuda1"]
     assert installs(host) == [
         [*APT, "update", "-q"], [*APT, "update", "-q"],
+        [*APT, "install", "-s", "-y", "-q", f"linux-headers-{DEBIAN_KERNEL}", *driver],
         [*APT, "install", "-y", "-q", f"linux-headers-{DEBIAN_KERNEL}"],
-        [*APT, "install", "-y", "-q", "nvidia-driver", "nvidia-kernel-dkms", "firmware-nvidia-gsp",
-         "nvidia-smi", "libcuda1"]]
+        [*APT, "install", "-y", "-q", *driver]]
     # a second run finds them there and leaves the file as it is
     host.run(step_for(DEBIAN, AMPERE))
     assert (host.root / "etc/apt/sources.list.d/debian.sources").read_text() == sources
@@ -649,44 +654,64 @@ SYSTEM_GCC = "gcc (GCC) 11.5.0 20240719 (Red Hat 11.5.0-5.0.1)"
 OL9 = replace(OL, os=parse_os_release('ID="ol"\nVERSION_ID="9.6"\nID_LIKE="fedora"\n'))
 
 
-def _uek_host(tmp_path: Path, toolset: bool) -> Host:
+def _uek_host(tmp_path: Path, toolset: str | None, dkms_version: str = "3.0.12") -> Host:
     """An Oracle Linux 9 host on UEK 8 as NVIDIA's page shows it: the kernel's .config names GCC
-    14, the system gcc is 11, and gcc-toolset-14's enable script (when present) puts a gcc 14
-    first on PATH."""
+    14, the system gcc is 11, and gcc-toolset-14 (when present: ``toolset`` is what its gcc
+    prints) is in /opt/rh. The dkms stub keeps the PATH its builds ran with."""
     host = Host(tmp_path, stubs(
-        "el9", kernel=UEK8,
-        gcc=f'if [ -n "${{TOOLSET:-}}" ]; then echo "{UEK8_CC}"; else echo "{SYSTEM_GCC}"; fi',
-        dkms=('[ "$1" = status ] && echo "nvidia/580.95.05, $3, x86_64: installed"; exit 0')))
+        "el9", kernel=UEK8, gcc=f'echo "{SYSTEM_GCC}"',
+        dkms=(f'[ "$1" = --version ] && echo "dkms-{dkms_version}"; '
+              '[ "$1" = build ] && echo "$PATH" > "$ROOT/dkms-build-path"; '
+              '[ "$1" = status ] && echo "nvidia-open/580.95.05, $3, x86_64: installed"; exit 0')))
     cfg = host.root / f"usr/src/kernels/{UEK8}/.config"
     cfg.parent.mkdir(parents=True)
     cfg.write_text(f'CONFIG_CC_VERSION="x"\nCONFIG_CC_VERSION_TEXT="{UEK8_CC}"\nCONFIG_CC_IS_GCC=y\n')
-    if toolset:
-        enable = host.root / "opt/rh/gcc-toolset-14/enable"
-        enable.parent.mkdir(parents=True)
-        enable.write_text("export TOOLSET=14\n")
+    if toolset is not None:
+        gcc = host.root / "opt/rh/gcc-toolset-14/root/usr/bin/gcc"
+        gcc.parent.mkdir(parents=True)
+        gcc.write_text(f'#!{shutil.which("bash")}\necho "{toolset}"\n')
+        gcc.chmod(0o755)
     return host
 
 
-def test_oracle_uek_builds_the_driver_with_the_kernels_gcc_toolset(tmp_path: Path) -> None:
-    host = _uek_host(tmp_path, toolset=True)
+@pytest.mark.parametrize("toolset", [
+    UEK8_CC,
+    # a later build of the toolset than the kernel's (kernel-uek-devel requires it unversioned):
+    # the same major release, fine for Kbuild
+    "gcc (GCC) 14.2.1 20250328 (Red Hat 14.2.1-9)"])
+def test_oracle_uek_builds_the_driver_with_the_kernels_gcc_toolset(tmp_path: Path,
+                                                                   toolset: str) -> None:
+    host = _uek_host(tmp_path, toolset=toolset)
     r = host.run(step_for(OL9, HOPPER))
     assert r.returncode == 0, r.stderr
     assert f"kernel {UEK8} was built with {UEK8_CC}, not the system's {SYSTEM_GCC}" in r.stdout
-    dkms = [c for c in host.calls() if c[0] == "dkms" and c[1] != "status"]
-    assert dkms == [["dkms", "build", "--force", "nvidia/580.95.05", "-k", UEK8],
-                    ["dkms", "install", "--force", "nvidia/580.95.05", "-k", UEK8]]
+    dkms = [c for c in host.calls() if c[0] == "dkms" and c[1] not in ("status", "--version")]
+    # NVIDIA's open DKMS package registers itself as nvidia-open (dkms-open-nvidia.spec)
+    assert dkms == [["dkms", "build", "--force", "nvidia-open/580.95.05", "-k", UEK8],
+                    ["dkms", "install", "--force", "nvidia-open/580.95.05", "-k", UEK8]]
+    path = (host.root / "dkms-build-path").read_text().strip()
+    assert path.split(":")[0] == f"{host.root}/opt/rh/gcc-toolset-14/root/usr/bin"
     # after the driver's own install, which built with the system compiler
     names = [c[0] for c in host.calls()]
-    assert names.index("dkms") > max(i for i, c in enumerate(host.calls())
-                                     if c[:3] == ["dnf", "install", "-y"] and "nvidia-open" in c)
+    assert names.index("dkms", names.index("dkms") + 1) > max(
+        i for i, c in enumerate(host.calls()) if c[:3] == ["dnf", "install", "-y"] and "nvidia-open" in c)
 
 
 def test_oracle_uek_without_its_toolset_is_refused_before_the_driver(tmp_path: Path) -> None:
-    host = _uek_host(tmp_path, toolset=False)
+    host = _uek_host(tmp_path, toolset=None)
     r = host.run(step_for(OL9, HOPPER))
     assert r.returncode == 3
     assert f'kernel {UEK8} was built with "{UEK8_CC}"' in r.stderr
     assert "dnf install gcc-toolset-14" in r.stderr
+    assert not [c for c in installs(host) if "nvidia-open" in c]
+
+
+def test_oracle_uek_with_a_dkms_that_sets_its_own_path_is_refused(tmp_path: Path) -> None:
+    """DKMS before 3.0.4 resets PATH (dell/dkms e09f306): the toolset could not reach it."""
+    host = _uek_host(tmp_path, toolset=UEK8_CC, dkms_version="2.8.8")
+    r = host.run(step_for(OL9, HOPPER))
+    assert r.returncode == 3
+    assert "dkms 2.8.8 sets its own PATH" in r.stderr and "dnf update dkms" in r.stderr
     assert not [c for c in installs(host) if "nvidia-open" in c]
 
 
@@ -885,8 +910,11 @@ def test_apt_hold_on_prebuilt_modules_holds_the_kernel_with_them(tmp_path: Path)
     assert r.returncode == 0, r.stderr
     assert host.calls()[-1] == ["apt-mark", "hold", "nvidia-headless-no-dkms-580-server-open",
                                 "nvidia-kernel-common-580-server", "nvidia-utils-580-server",
-                                "linux-generic", "linux-image-generic", "linux-headers-generic"]
-    assert "holding the kernel's metapackages too" in r.stdout
+                                "linux-generic", "linux-headers-generic", "linux-image-generic"]
+    assert "kernel updates (security fixes included) wait" in r.stdout
+    # the next driver step lets go of exactly these
+    assert (host.root / "var/lib/gpu-provision/held-kernel-metapackages").read_text().split() == [
+        "linux-generic", "linux-headers-generic", "linux-image-generic"]
 
 
 @pytest.mark.parametrize("rows,held", [
@@ -989,7 +1017,7 @@ def test_secure_boot_is_read_from_the_uefi_variable_without_mokutil(
 
 @pytest.mark.parametrize("status, waits", [
     # cloudinit/cmd/status.py, UXAppStatus
-    ("not run", False), ("running", True), ("done", False), ("error", False),
+    ("not started", False), ("not run", False), ("running", True), ("done", False), ("error", False),
     ("degraded done", False), ("degraded running", True), ("disabled", False)])
 def test_cloud_init_is_waited_for_only_while_it_runs(tmp_path: Path, status: str,
                                                       waits: bool) -> None:
@@ -1013,7 +1041,7 @@ def test_an_interrupted_dpkg_is_finished_before_apt_runs(tmp_path: Path) -> None
     r = host.run(step_for(UBUNTU, AMPERE))
     assert r.returncode == 0, r.stderr
     names = [c[:2] for c in host.calls("uname", "cloud-init")]
-    assert names.index(["dpkg", "--configure"]) < names.index(["apt-get", "-o"])
+    assert names.index(["dpkg", "--force-confdef"]) < names.index(["apt-get", "-o"])
     assert "dpkg was interrupted on this image" in r.stdout
 
 
@@ -1147,3 +1175,52 @@ def test_no_fabric_manager_of_the_drivers_version_names_multiverse(tmp_path: Pat
     assert r.returncode == 6
     assert "nvidia-fabricmanager: 570.195.03-1" in r.stderr
     assert "in multiverse (add-apt-repository multiverse" in r.stderr
+
+
+def test_a_debian_archive_whose_driver_packages_moved_apart_is_refused_untouched(
+        tmp_path: Path) -> None:
+    """apt's own answer where the archive's packages of one driver do not install together
+    (bookworm-security's driver and firmware 535.309.01 beside a module package that needs
+    firmware-nvidia-gsp 535.261.03): the dry run says it, nothing is installed."""
+    sim = ('case "$*" in *" install -s "*) printf "The following packages have unmet dependencies:\\n'
+           ' nvidia-open-kernel-dkms : Depends: firmware-nvidia-gsp (= 535.261.03) but '
+           '535.309.01-0+deb12u1 is to be installed\\nE: Unable to correct problems, you have held '
+           'broken packages.\\n"; exit 100;; esac; exit 0')
+    host = debian_host(tmp_path, **{"apt-get": sim})
+    src = host.root / "etc/apt/sources.list.d/debian.sources"
+    src.write_text(src.read_text().replace("Components: main", f"Components: main {AREAS}"))
+    r = host.run(step_for(DEBIAN, AMPERE))
+    assert r.returncode == 3
+    assert "apt cannot install the driver's packages together" in r.stderr
+    assert "Depends: firmware-nvidia-gsp (= 535.261.03)" in r.stderr
+    assert "NVIDIA's CUDA repository for debian12" in r.stderr
+    assert [c for c in installs(host) if "install" in c and "-s" not in c] == []
+
+
+def test_holds_let_go_for_an_install_that_is_then_refused_are_held_again(tmp_path: Path) -> None:
+    """Secure Boot, prebuilt modules that apt cannot install (the dry run fails): the holds let
+    go for the dry run come back with the refusal, which changes nothing."""
+    kernel = "6.8.0-45-generic"
+    held = 'printf "nvidia-utils-580-server\\nlibnvidia-compute-580-server\\n"'
+    sim = ('case "$*" in *" install -s "*) echo "E: Unable to correct problems, you have held '
+           'broken packages." >&2; exit 100;; esac; exit 0')
+    host = Host(tmp_path, stubs("ubuntu", kernel=kernel, **{
+        "apt-mark": f'[ "$1" = showhold ] && {held}; exit 0', "apt-get": sim,
+        "apt-cache": policy({f"linux-modules-nvidia-580-server-open-{kernel}": "6.8.0-45.45+1"})}))
+    (host.root / "var/lib/gpu-provision").mkdir(parents=True)
+    (host.root / "var/lib/gpu-provision/held-kernel-metapackages").write_text("linux-generic\n")
+    r = host.run(step_for(replace(UBUNTU24, secure_boot=True), HOPPER))
+    assert r.returncode == 3, r.stderr
+    marks = [c for c in host.calls() if c[0] == "apt-mark" and c[1] != "showhold"]
+    let_go = ["libnvidia-compute-580-server", "linux-generic", "nvidia-utils-580-server"]
+    assert marks == [["apt-mark", "unhold", *let_go], ["apt-mark", "hold", *let_go]]
+
+
+def test_ubuntu_without_the_branchs_driver_package_is_refused_before_the_headers(
+        tmp_path: Path) -> None:
+    host = Host(tmp_path, stubs("ubuntu", kernel=UBUNTU_KERNEL, **{"apt-cache": policy(
+        {f"linux-headers-{UBUNTU_KERNEL}": "5.4.0-216.236"}, archive_drivers=False)}))
+    r = host.run(step_for(UBUNTU, AMPERE))
+    assert r.returncode == 3
+    assert "the configured repositories have no nvidia-driver-550-server" in r.stderr
+    assert [c for c in installs(host) if "install" in c] == []
