@@ -437,10 +437,12 @@ def test_a_preemption_notice_interrupts_our_job_which_checkpoints(
 
 def test_a_gcp_preemption_whose_shutdown_comes_first_still_lets_our_job_checkpoint(
         host: harness.HostInfo, gp_home: Path, tmp_path: Path) -> None:
-    """On GCP the notice is an ACPI soft off: the guest's shutdown starts with it, and systemd's
-    TERM reaches the watchdog (here: its whole process group, as a control-group kill does)
-    before the watcher's held read returns. The watchdog asks once more, sends our job its
-    SIGINT, waits for it to end, and only then lets the shutdown go on."""
+    """On GCP the notice is an ACPI soft off: the guest's shutdown starts with it, and the TERM
+    reaches the watchdog (here: its whole process group, as a control-group kill does) before
+    the watcher's held read returns. The watchdog asks once more, sends our job its SIGINT,
+    waits for it to end, flushes, and only then lets the shutdown go on. (A job the shutdown's
+    own SIGTERM reaches too, in a login's session under systemd, keeps its checkpoint only where
+    it saves on SIGTERM as well: docs/autostop.md.)"""
     md = MetadataApi()
     try:
         train = ("import signal, time\n"

@@ -518,3 +518,22 @@ def test_kill_escalates_to_sigkill_for_a_job_that_ignores_the_others(trained: ha
     assert (j["state"], j["exit_code"], j["last_line"]) == ("killed (SIGKILL)", 137, "TERM ignored")
     again = gp.ok("-H", inv, "kill", job)
     assert again.stdout.strip() == f"{Path(inv).stem}: job {job} was not running"
+
+
+@pytest.mark.parametrize("launcher", ["setsid", "tmux"])
+def test_a_job_sees_sigint_whatever_started_it(trained: harness.HostInfo, gp: Gp,
+                                               launcher: str) -> None:
+    """`kill`'s first signal (and a preemption's) is SIGINT: a Python job raises
+    KeyboardInterrupt and saves. The setsid launcher starts the supervisor in the background,
+    where bash starts it with SIGINT ignored: the job must not inherit that."""
+    inv = trained.inventory
+    code = ("import signal, time\n"
+            "print('handler', signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)\n"
+            "try:\n    while True: time.sleep(0.1)\n"
+            "except KeyboardInterrupt:\n    print('saved on SIGINT', flush=True)\n")
+    job = gp.start(inv, "--name", f"int-{launcher}", "--launcher", launcher, "--", "python", "-c", code)
+    wait_for(lambda: "handler" in gp.ok("-H", inv, "logs", job, "--all").stdout, "it never started")
+    assert "handler True" in gp.ok("-H", inv, "logs", job, "--all").stdout
+    k = gp.ok("-H", inv, "kill", job, "--grace", "5")
+    assert f"job {job}: SIGINT: ended after" in k.stdout, k.stdout
+    assert "saved on SIGINT" in gp.ok("-H", inv, "logs", job, "--all").stdout

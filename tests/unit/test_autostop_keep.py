@@ -276,6 +276,24 @@ def test_notify_masks_the_platforms_own_keys_too(tmp_path: Path) -> None:
     assert "step 9" in text  # the rest of the log's tail is kept
 
 
+def test_notify_masks_a_key_that_spans_lines_and_leaves_short_words_alone(tmp_path: Path) -> None:
+    st = tmp_path / ".gpu-provision"
+    st.mkdir()
+    pem = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----"
+    got = tmp_path / "got.txt"
+    (st / "notify.sh").write_text(notify.script([f"command:cat > {quote(str(got))}"], "pod"))
+    env = {**os.environ, "HOME": str(tmp_path), "GCP_SA_KEY": pem, "JUPYTER_PASSWORD": "abc123",
+           "AUTH_MODE": "true", "GOOGLE_APPLICATION_CREDENTIALS": "/root/sa.json"}
+    text_in = ("the key: MIIEvQIBADANBgkqhkiG9w0BAQEFAASC in a log line; jupyter abc123; "
+               "mode true; {braces} kept; creds at /root/sa.json")
+    subprocess.run(["bash", str(st / "notify.sh"), "autostop", "failed", text_in], env=env,
+                   check=True)
+    text = got.read_text()
+    assert "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" not in text and "the key: *** in a log" in text
+    assert "abc123" not in text
+    assert "mode true; {braces} kept; creds at /root/sa.json" in text
+
+
 @pytest.mark.parametrize("bad", ["ftp://x", "mailto:nobody", "command:", "ntfy:topic"])
 def test_bad_notify_targets(bad: str) -> None:
     with pytest.raises(ProvisionError, match="notify: "):
