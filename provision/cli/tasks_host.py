@@ -263,14 +263,17 @@ def doctor(c: Context, log: list[str] | None = None, job: str | None = None,
            env_name: str | None = None, json_: bool = False) -> None:
     """Match the host's state and error texts against known failures and print each fix.
 
-    Reads the facts (with the tail of each step's log on the host) in one remote execution, the
-    last validation report and run logs here, any --log file and, with --job, the end of that
-    job's log on the host. Exit 1 when an error is found.
+    What this tool recorded about the host comes first: a step whose last run failed, with the
+    line of its log that says why, and a last validation verdict that was not PASS, with its
+    failing checks. Then the facts (with the tail of each step's log on the host, one remote
+    execution), the last validation report and run logs here, any --log file and, with --job,
+    the end of that job's log on the host. Exit 1 when an error is found.
     Example: gpu-provision -H my-4090 doctor;  gpu-provision -H my-4090 doctor --job train;
     gpu-provision doctor --log traceback.txt
     """
     from ..doctor.files import read_logs
     from ..doctor.match import diagnose, texts_for
+    from ..doctor.records import recorded
     from ..store import Store
     from .jobs_commands import job_log_tail
 
@@ -289,7 +292,9 @@ def doctor(c: Context, log: list[str] | None = None, job: str | None = None,
             if job:
                 job_id, text = job_log_tail(s.ex, job)
                 files = {f"job {job_id}": text, **files}
-        findings = diagnose(texts_for(f, report, logs, files), f, p, host=host)
+        # the tool's own records of the host first: a failed step, a verdict that was not PASS
+        findings = recorded(f, report, host) + diagnose(texts_for(f, report, logs, files), f, p,
+                                                         host=host)
     elif files:
         host = "<host>"
         findings = diagnose(files)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 from ..facts.fabric import fm_install_spec
 from ..wheels.data import cc_text, dotted, load_compat, parse_compute_cap
+from ..wheels.installed import has_kernels
 from ..wheels.rule import first_build_with
 from .context import HostView
 from .fixes_env import ENV_SPECIFICS, wheel_fix
@@ -59,6 +60,11 @@ def gpu_arch(values: Values, h: HostView, text: str) -> dict[str, str]:
         caps = [(int(sm[:-1]), int(sm[-1]))]
     elif h.facts is not None:
         caps = [parse_compute_cap(c) for c in h.facts.compute_caps]
+    env = h.env
+    if caps and env is not None and env.torch and not values.get("sm") \
+            and has_kernels(env.torch, env.torch_cuda, caps):
+        # "no kernel image" where the env's own torch has this GPU's kernels: torch is not it
+        return not_torchs_kernel(h, caps, env.torch)
     if not caps:
         fix = ("Install a build that lists this GPU's sm_XY in torch.cuda.get_arch_list(): "
                f"`gpu-provision -H {h.name} torch` picks one")
@@ -71,6 +77,25 @@ def gpu_arch(values: Values, h: HostView, text: str) -> dict[str, str]:
                      f"no official build has kernels for {cc_text(cc)}")
     fix = "; ".join(fixes) + f"; `gpu-provision -H {h.name} torch` installs the newest that fits"
     return {"gpu_arch": f" ({', '.join(cc_text(c) for c in caps)})", "arch_fix": fix,
+            "sm_fix": fix}
+
+
+def not_torchs_kernel(h: HostView, caps: list[tuple[int, int]], torch: str) -> dict[str, str]:
+    """The kernel that is missing is an extension's (built from source for other GPUs, or a
+    wheel without this architecture) or another interpreter's torch: which is named, and how
+    to rebuild it for this GPU only."""
+    archs = ", ".join(cc_text(c) for c in sorted(set(caps)))
+    arch_list = ";".join(f"{c[0]}.{c[1]}" for c in sorted(set(caps)))
+    diagnosis = (f"A CUDA kernel has no image for this GPU ({archs}), but the env's torch {torch} "
+                 f"ships kernels for it: the kernel is an extension's (flash-attn, xformers, "
+                 f"bitsandbytes, apex, a package built from source for other GPUs), or the job "
+                 f"ran another Python whose torch lacks them.")
+    fix = (f"The traceback's last frames name the package; rebuild it for this GPU: "
+           f"TORCH_CUDA_ARCH_LIST=\"{arch_list}\" {h.pip} install --no-build-isolation "
+           f"--no-cache-dir --force-reinstall --no-binary <package> <package>. Check that the job "
+           f"runs {h.py} (`which python` in the job's shell: `gpu-provision -H {h.name} shell -- "
+           f"which python`)")
+    return {"__diagnosis__": diagnosis, "gpu_arch": f" ({archs})", "arch_fix": fix,
             "sm_fix": fix}
 
 

@@ -311,7 +311,10 @@ def diagnose(texts: Mapping[str, str], facts: HostFacts | None = None, plan: Pla
         more = SPECIFICS.get(entry.id)
         if more is not None:
             values.update(more(values, where, matched))
-        findings.append(Finding(entry.id, entry.level, _fill(entry.diagnosis, values),
+        # a host-specific reading may replace the entry's words (a cross-check with the facts
+        # that clears the component the entry blames)
+        diagnosis = values.pop("__diagnosis__", None) or entry.diagnosis
+        findings.append(Finding(entry.id, entry.level, _fill(diagnosis, values),
                                 _fill(entry.fix, values), evidence))
         if entry.group:
             taken.add(entry.group)

@@ -106,6 +106,25 @@ def check_installed(version: str, torch_cuda: str | None, driver: str | None,
                             f"{', '.join(cc_text(c) for c in caps)}{note}")
 
 
+def has_kernels(version: str, torch_cuda: str | None, caps: Sequence[tuple[int, int]],
+                data: CompatData | None = None) -> bool | None:
+    """Does this installed torch ship kernels for every one of ``caps`` (by its release's arch
+    list, or the nearest release's with its variant)? None where that cannot be told: a CPU
+    build, a variant the data does not have, a version that does not parse."""
+    d = data or load_compat()
+    variant = build_variant(version, torch_cuda)
+    try:
+        release = Version(version.split("+")[0])
+    except InvalidVersion:
+        return None
+    if variant not in d.variant_cuda:
+        return None
+    arches, _ = _arches_of(d, release, variant)
+    if arches is None or not caps:
+        return None
+    return all(_covers(arches, c) for c in caps)
+
+
 def _gpu_names(names: Sequence[str]) -> str:
     """``2x RTX 3090``, ``RTX 3090, GTX 960``: each model once, with its count."""
     counts: dict[str, int] = {}

@@ -62,6 +62,12 @@ def test_h200_torch_2_14_cu130(hosts: Hosts, gp_home: Path, tmp_path: Path) -> N
         assert (rep["torch"].split("+")[0], rep["cuda"]) == ("2.14.1", "13.0")
         assert [c["reason"] for c in rep["checks"] if c["status"] == "fail"] == [NO_LIBCUDA]
         assert not {c["tool"] for c in info.calls()} & {"apt-get", "ubuntu-drivers", "reboot"}
+        # doctor right after it names that FAIL first, as an error (it said "nothing" once)
+        d = gpu_provision("-H", info.inventory, "doctor", "--json", home=gp_home, cwd=tmp_path)
+        assert d.returncode == 1, d.stdout + d.stderr
+        first = json.loads(d.stdout)[0]
+        assert (first["id"], first["level"]) == ("recorded-verdict", "error")
+        assert f"says FAIL: cuda available: {NO_LIBCUDA}" in first["diagnosis"]
         # the CUDA build is recognised on the next run: nothing reinstalled, two executions
         before = len(info.sessions())
         again = gpu_provision("-H", info.inventory, "bootstrap", "--torch", "2.14", home=gp_home,

@@ -167,7 +167,7 @@ def test_the_sampler_and_the_wrapper_record_health() -> None:
     sampler = remote.sampler_script(2, 0, ())
     assert "health_snapshot" in sampler and '"health": %s' in sampler
     wrapper = remote.wrapper_script(JobSpec("t-1", "t", ("python", "x.py")))
-    assert wrapper.index('"$jd/health.start"') < wrapper.index("exec setsid") < \
+    assert wrapper.index('"$jd/health.start"') < wrapper.index('setsid "${argv[@]}"') < \
         wrapper.index('"$jd/health.end"') < wrapper.index('"$jd/exit.json"')
     for script in (sampler, wrapper, remote.health_script("t'1")):
         r = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
