@@ -44,6 +44,7 @@ def _show_applied(applied: Applied, limits: list[Any] | None = None) -> None:
     if applied.report is not None:
         output.verdict_table(applied.host, applied.report, applied.report_path)
         _show_limits(applied.host, limits or [])
+        output.next_steps(applied.host, applied.report)
 
 
 def _show_limits(host: str, limits: list[Any]) -> None:
@@ -191,6 +192,7 @@ def validate(c: Context, env_name: str | None = None, recipe: str | None = None,
     else:
         output.verdict_table(applied.host, applied.report, applied.report_path)
         _show_limits(applied.host, limits)
+        output.next_steps(applied.host, applied.report)
     if applied.verdict == "FAIL":
         raise Exit(code=1)
     return {"steps": [(x.name, x.result, x.seconds) for x in applied.steps],

@@ -192,6 +192,20 @@ def verdict_table(host: str, report: Mapping[str, Any], path: Any,
     out.print(text("verdict: ", (str(report["verdict"]), f"bold {colour}"), f" (report: {path})"))
 
 
+def next_steps(host: str, report: Mapping[str, Any], out: Console | None = None) -> None:
+    """The command to type after a verdict: the work after PASS or WARN, doctor after FAIL."""
+    out = out or __getattr__("console")
+    if report.get("verdict") == "FAIL":
+        failing = next((str(c.get("name")) for c in report.get("checks", [])
+                        if str(c.get("status", "")).lower() == "fail"), "")
+        out.print(text(f"next: gpu-provision -H {host} doctor"
+                       + (f" (it starts from the failing check: {failing})" if failing else "")))
+    else:
+        out.print(text(f"next: gpu-provision -H {host} run -- python train.py; "
+                       f"gpu-provision -H {host} shell; or gpu-provision -H {host} ssh-config, "
+                       "then plain ssh"))
+
+
 def findings_table(host: str, findings: Sequence[Finding], out: Console | None = None) -> None:
     """Blocks, not a table: fixes hold commands the user copies whole."""
     out = out or __getattr__("console")

@@ -89,6 +89,18 @@ def test_verdict_table(fixture: str) -> None:
                                        out=c)))
 
 
+def test_every_verdict_ends_with_the_next_command() -> None:
+    passed = rendered(lambda c: output.next_steps("box", judged("rtx4090-healthy.json"), out=c))
+    assert passed.strip() == ("next: gpu-provision -H box run -- python train.py; gpu-provision "
+                              "-H box shell; or gpu-provision -H box ssh-config, then plain ssh")
+    failed = {"verdict": "FAIL", "checks": [
+        {"name": "torch", "status": "pass", "reason": ""},
+        {"name": "cuda available", "status": "fail", "reason": "no libcuda.so.1 on this host"}]}
+    said = rendered(lambda c: output.next_steps("box", failed, out=c))
+    assert said.strip() == ("next: gpu-provision -H box doctor (it starts from the failing "
+                            "check: cuda available)")
+
+
 def test_steps_table() -> None:
     applied = Applied(host="box", steps=[StepRecord("driver", "ok", 61.2),
                                          StepRecord("reboot", "ok", 48.0),
