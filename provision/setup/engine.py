@@ -17,7 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ..errors import Blocked, ProvisionError, SSHError
+from ..errors import Blocked, ConnectionLost, ProvisionError, SSHError
 from ..ops.step import Outcome, Step
 from ..remote.command import bash_script
 from ..remote.connection import AUTH_REFUSED, HOST_KEY_CHANGED
@@ -104,12 +104,21 @@ def reboot_and_wait(ex: Executor, old_boot_id: str, again: Reconnect,
                 raise
             console.print(output.text(f"{ex.host}: waiting for the host to come back ({exc.kind})"))
         else:
-            plan = again.replan(new)
-            assert plan.facts is not None
-            if plan.facts.boot_id and plan.facts.boot_id != old_boot_id:
-                return new, plan, spent
-            new.conn.close()  # still the old boot: the reboot has not happened yet
-            spent += new.executions
+            try:
+                plan = again.replan(new)
+            except ConnectionLost:
+                # the old boot's sshd answered, then the reboot took it down while the facts
+                # were read (a kept link to it, or a login just before it went): still rebooting
+                new.conn.close()
+                spent += new.executions
+                console.print(output.text(f"{ex.host}: waiting for the host to come back "
+                                          "(the old boot went down while we asked)"))
+            else:
+                assert plan.facts is not None
+                if plan.facts.boot_id and plan.facts.boot_id != old_boot_id:
+                    return new, plan, spent
+                new.conn.close()  # still the old boot: the reboot has not happened yet
+                spent += new.executions
         time.sleep(delay)
         delay = min(delay * 2, 15)
     raise ProvisionError(f"{ex.host}: did not come back with a new boot id within "
