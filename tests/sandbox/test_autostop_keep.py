@@ -397,19 +397,24 @@ def test_busy_as_the_renter_means_it(host: harness.HostInfo, gp_home: Path,
                        "the shutdown beside a job that does not use the GPUs", timeout=60)
 
 
+def saves_on_sigint(path: str, takes: float = 0) -> str:
+    """A training loop that writes its checkpoint to ``path`` on SIGINT (KeyboardInterrupt), as
+    ours do. It sets the handler itself: started in the background by the test's shell (not by
+    `run`, whose jobs see SIGINT: test_jobs), it would inherit SIGINT ignored."""
+    return ("import signal, time\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "try:\n    while True: time.sleep(0.1)\n"
+            "except KeyboardInterrupt:\n"
+            f"    time.sleep({takes})\n"
+            f"    open({path!r}, 'w').write('step 999\\n')\n")
+
+
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
 def test_a_preemption_notice_interrupts_our_job_which_checkpoints(
         host: harness.HostInfo, gp_home: Path, tmp_path: Path, cloud: str) -> None:
     md = MetadataApi()
     try:
-        # a training loop that saves its checkpoint on SIGINT (KeyboardInterrupt), as ours do;
-        # it sets the handler itself: started in the background by a shell, it would inherit
-        # SIGINT ignored (bash(1), "asynchronous commands"), which `run`'s jobs do not
-        train = ("import signal, time\n"
-                 "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-                 "try:\n    while True: time.sleep(0.1)\n"
-                 "except KeyboardInterrupt:\n"
-                 f"    open('/root/ckpt-{cloud}.txt', 'w').write('step 999\\n')\n")
+        train = saves_on_sigint(f"/root/ckpt-{cloud}.txt")
         job(host, "train", f"exec python3 -c {shlex.quote(train)}")
         r = gpu_provision("-H", host.inventory, "autostop", "--action", "none", "--idle", "1h",
                           "--interval", f"{INTERVAL}s", "--preemption", cloud,
@@ -445,12 +450,7 @@ def test_a_gcp_preemption_whose_shutdown_comes_first_still_lets_our_job_checkpoi
     it saves on SIGTERM as well: docs/autostop.md.)"""
     md = MetadataApi()
     try:
-        train = ("import signal, time\n"
-                 "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-                 "try:\n    while True: time.sleep(0.1)\n"
-                 "except KeyboardInterrupt:\n"
-                 "    time.sleep(2)\n"  # a checkpoint takes a while
-                 "    open('/root/ckpt-acpi.txt', 'w').write('step 999\\n')\n")
+        train = saves_on_sigint("/root/ckpt-acpi.txt", takes=2)  # a checkpoint takes a while
         job(host, "train", f"exec python3 -c {shlex.quote(train)}")
         r = gpu_provision("-H", host.inventory, "autostop", "--action", "none", "--idle", "1h",
                           "--interval", "30s", "--preemption", "gcp",
